@@ -1,0 +1,78 @@
+"""The one command line: ``gpuproof <command>``. Run ``gpuproof --help``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import GpuproofError
+
+# Each module named here has register(subparsers) adding its commands; each command
+# sets func=callable(args) -> int. Modules are imported lazily so --help stays fast.
+COMMAND_MODULES = [
+    "gpuproof.commands.run",      # gpuproof run: the acceptance suite (+ benchmarks)
+    "gpuproof.sim.cli",           # gpuproof sim up|status|down|build
+    "gpuproof.commands.clean",    # gpuproof clean
+    "gpuproof.bench.cli",         # gpuproof bench --local ...
+    "gpuproof.report.cli",        # gpuproof report compare|baseline|check|html
+]
+
+DESCRIPTION = """\
+Acceptance and benchmark suite for GPU Kubernetes clusters.
+
+By default everything runs against an embedded cluster (real kube-apiserver,
+scheduler, controller-manager and etcd, with kwok nodes that advertise GPUs as the
+NVIDIA device plugin and GPU Feature Discovery do). A real cluster is used only
+when you name it with --kubeconfig / --context.
+"""
+
+EPILOG = """\
+examples:
+  gpuproof run                          suite against the embedded cluster (mixed fleet)
+  gpuproof run --kubeconfig ~/.kube/config --context prod-gpu
+  gpuproof sim up --fleet fleets/mixed.yaml   keep an embedded cluster running
+  gpuproof bench --local matmul         benchmark this machine's GPU (or CPU)
+  gpuproof report compare reports/A reports/B
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuproof",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpuproof {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a command module not written yet
+            if exc.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except GpuproofError as exc:
+        print(f"gpuproof: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("gpuproof: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,433 @@
+"""Cluster access: connect, a namespace per run, apply, watch-based waits, cleanup.
+
+Everything a run creates carries the run's labels::
+
+    app.kubernetes.io/managed-by: gpuproof
+    gpuproof.dev/run: <run-id>
+
+and lives in the run's namespace ``gpuproof-<run-id>``, except cluster-scoped objects
+the suite needs (PriorityClasses), which carry the same labels. :meth:`Run.cleanup`
+deletes exactly those; ``gpuproof clean`` deletes those of earlier runs. Nothing
+else in the cluster is ever modified.
+
+Waits use watches with a deadline; a timeout raises :class:`WaitTimeout` naming what
+was awaited and the last state seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterable
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import utils as k8s_utils
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from .errors import ClusterError, WaitTimeout
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RUN_LABEL = "gpuproof.dev/run"
+OWNER = "gpuproof"
+NAMESPACE_PREFIX = "gpuproof-"
+
+
+def run_labels(run_id: str) -> dict[str, str]:
+    return {MANAGED_BY: OWNER, RUN_LABEL: run_id}
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None, check: bool = True) -> "Cluster":
+    """Connect by kubeconfig/context. With check, fail fast and clearly when unreachable."""
+    cfg = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except ConfigException as exc:
+        raise ClusterError(f"cannot use kubeconfig {kubeconfig or '~/.kube/config'}"
+                           f"{f' context {context!r}' if context else ''}: {exc}") from None
+    except FileNotFoundError as exc:
+        raise ClusterError(f"kubeconfig not found: {exc.filename}") from None
+    cfg.retries = urllib3.Retry(total=3, connect=2, read=0, backoff_factor=0.2)
+    api = k8s.ApiClient(cfg)
+    name = context or _current_context(kubeconfig)
+    cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
+    if check:
+        cluster.check_reachable()
+    return cluster
+
+
+def _current_context(kubeconfig: str | None) -> str:
+    with contextlib.suppress(Exception):
+        _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        return active["name"]
+    return "default"
+
+
+class Cluster:
+    def __init__(self, api: k8s.ApiClient, name: str = "", kubeconfig: str | None = None):
+        self.api = api
+        self.name = name
+        self.kubeconfig = kubeconfig
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.batch = k8s.BatchV1Api(api)
+        self.scheduling = k8s.SchedulingV1Api(api)
+        self.auth = k8s.AuthorizationV1Api(api)
+
+    @property
+    def server(self) -> str:
+        return self.api.configuration.host
+
+    # ---------------------------------------------------------------- reachability
+
+    def check_reachable(self, timeout: float = 10.0) -> str:
+        try:
+            info = k8s.VersionApi(self.api).get_code(_request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                raise ClusterError(f"cluster {self.name} at {self.server} refused our credentials "
+                                   f"(HTTP {exc.status}); check the kubeconfig user") from None
+            raise ClusterError(f"cluster {self.name} at {self.server} answered HTTP {exc.status}: {exc.reason}") \
+                from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterError(f"cannot reach cluster {self.name} at {self.server}: {_root_cause(exc)}. "
+                               "Is it running, and is this the right kubeconfig/context?") from None
+        return info.git_version
+
+    def version(self) -> str:
+        return k8s.VersionApi(self.api).get_code().git_version
+
+    def can_i(self, verb: str, resource: str, namespace: str | None = None, group: str = "") -> bool:
+        review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=resource, group=group,
+                                                         namespace=namespace)))
+        return bool(self.auth.create_self_subject_access_review(review).status.allowed)
+
+    def require_permissions(self, needed: Iterable[tuple[str, str, str]]) -> None:
+        """Fail before doing anything if any (verb, resource, group) is not allowed."""
+        missing = [f"{v} {(g + '/') if g else ''}{r}" for v, r, g in needed if not self.can_i(v, r, group=g)]
+        if missing:
+            raise ClusterError(f"the credentials for cluster {self.name} lack permissions gpuproof needs: "
+                               + ", ".join(missing) + ". Ask for a role that grants them, or run with a "
+                               "kubeconfig that has them.")
+
+    # ---------------------------------------------------------------- nodes
+
+    def nodes(self) -> list[k8s.V1Node]:
+        return self.core.list_node().items
+
+    def wait_nodes_ready(self, names: list[str], timeout: float = 120.0) -> None:
+        wanted = set(names)
+
+        def ready(cache: dict) -> bool:
+            return wanted <= {n for n, obj in cache.items() if _node_ready(obj)}
+
+        def describe(cache: dict) -> str:
+            not_ready = sorted(wanted - {n for n, o in cache.items() if _node_ready(o)})
+            return f"{len(not_ready)} not Ready yet, e.g. {', '.join(not_ready[:5])}"
+
+        watch_until(self.core.list_node, ready, timeout, f"{len(wanted)} nodes to become Ready",
+                    describe=describe)
+
+    # ---------------------------------------------------------------- runs
+
+    def start_run(self, run_id: str, progress: Callable[[str], None] | None = None) -> "Run":
+        run = Run(self, run_id)
+        run.create(progress=progress)
+        return run
+
+    def leftover_runs(self) -> dict[str, dict[str, list[str]]]:
+        """Objects of any gpuproof run still in the cluster, by run id."""
+        selector = f"{MANAGED_BY}={OWNER},{RUN_LABEL}"
+        found: dict[str, dict[str, list[str]]] = {}
+        for ns in self.core.list_namespace(label_selector=selector).items:
+            found.setdefault(ns.metadata.labels[RUN_LABEL], {}).setdefault("namespaces", []).append(ns.metadata.name)
+        for pc in self.scheduling.list_priority_class(label_selector=selector).items:
+            found.setdefault(pc.metadata.labels[RUN_LABEL], {}).setdefault("priorityclasses", []) \
+                .append(pc.metadata.name)
+        return found
+
+    def clean(self, run_ids: Iterable[str] | None = None, wait: bool = True, timeout: float = 120.0,
+              progress: Callable[[str], None] | None = None) -> list[str]:
+        """Delete what earlier runs left behind (all of them, or the given run ids)."""
+        leftovers = self.leftover_runs()
+        targets = [r for r in leftovers if run_ids is None or r in set(run_ids)]
+        for rid in targets:
+            Run(self, rid).cleanup(wait=wait, timeout=timeout, progress=progress)
+        return targets
+
+
+class Run:
+    """One run's namespace and labelled objects."""
+
+    def __init__(self, cluster: Cluster, run_id: str):
+        self.cluster = cluster
+        self.run_id = run_id
+        self.namespace = NAMESPACE_PREFIX + run_id
+        self.labels = run_labels(run_id)
+        self._cleaned = False
+
+    @property
+    def selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.labels.items())
+
+    def create(self, progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> None:
+        ns = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=self.namespace, labels=dict(self.labels)))
+        try:
+            self.cluster.core.create_namespace(ns)
+        except ApiException as exc:
+            raise _api_error(exc, f"create the run namespace {self.namespace}") from None
+        if progress:
+            progress(f"run namespace {self.namespace}")
+        # pods cannot be created before the service-account controller made the default account
+        watch_until(self.cluster.core.list_namespaced_service_account, lambda c: "default" in c, timeout,
+                    f"the default ServiceAccount in namespace {self.namespace}", namespace=self.namespace)
+
+    # ---------------------------------------------------------------- objects
+
+    def stamp(self, manifest: dict) -> dict:
+        """The manifest with the run's labels added to it (and to its pod template), in the run namespace."""
+        m = dict(manifest)
+        meta = dict(m.get("metadata") or {})
+        meta["labels"] = {**(meta.get("labels") or {}), **self.labels}
+        if m.get("kind") not in CLUSTER_SCOPED:
+            meta["namespace"] = self.namespace
+        m["metadata"] = meta
+        tmpl = (m.get("spec") or {}).get("template")
+        if isinstance(tmpl, dict):
+            spec = dict(m["spec"])
+            tmeta = dict(tmpl.get("metadata") or {})
+            tmeta["labels"] = {**(tmeta.get("labels") or {}), **self.labels}
+            spec["template"] = {**tmpl, "metadata": tmeta}
+            m["spec"] = spec
+        return m
+
+    def apply(self, manifest: dict) -> Any:
+        """Create one object (stamped with the run's labels). Returns the created object."""
+        m = self.stamp(manifest)
+        try:
+            created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
+        except k8s_utils.FailToCreateError as exc:
+            raise _api_error(exc.api_exceptions[0], f"create {m['kind']} {m['metadata'].get('name')}") from None
+        return created[0] if isinstance(created, list) and len(created) == 1 else created
+
+    def try_apply(self, manifest: dict) -> tuple[Any, ApiException | None]:
+        """Like apply, but an API refusal (quota, validation) is returned instead of raised."""
+        m = self.stamp(manifest)
+        try:
+            created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
+            return created[0], None
+        except k8s_utils.FailToCreateError as exc:
+            return None, exc.api_exceptions[0]
+
+    def pods(self) -> list[k8s.V1Pod]:
+        return self.cluster.core.list_namespaced_pod(self.namespace).items
+
+    def pod(self, name: str) -> k8s.V1Pod:
+        return self.cluster.core.read_namespaced_pod(name, self.namespace)
+
+    def delete_pod(self, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            self.cluster.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+
+    def pod_logs(self, name: str, container: str | None = None) -> str:
+        return self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container)
+
+    def events_for(self, name: str) -> list[k8s.CoreV1Event]:
+        return self.cluster.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name}").items
+
+    # ---------------------------------------------------------------- waits
+
+    def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
+                  describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:
+        """Watch the run's pods until done(cache) returns something truthy; returns it."""
+        return watch_until(self.cluster.core.list_namespaced_pod, done, timeout, what, describe=describe or
+                           _describe_pods, namespace=self.namespace, label_selector=label_selector)
+
+    def wait_pod(self, name: str, condition: Callable[[k8s.V1Pod], bool], timeout: float, what: str) -> k8s.V1Pod:
+        return self.wait_pods(lambda c: c[name] if name in c and condition(c[name]) else None, timeout,
+                              f"pod {self.namespace}/{name} {what}",
+                              describe=lambda c: _describe_pod(c.get(name)))
+
+    def wait_running(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
+        return self.wait_pod(name, lambda p: p.status.phase == "Running", timeout, "to be Running")
+
+    def wait_scheduled(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
+        return self.wait_pod(name, lambda p: bool(p.spec.node_name), timeout, "to be bound to a node")
+
+    def wait_pod_done(self, name: str, timeout: float = 600.0) -> k8s.V1Pod:
+        return self.wait_pod(name, lambda p: p.status.phase in ("Succeeded", "Failed"), timeout,
+                             "to finish (Succeeded or Failed)")
+
+    def wait_unschedulable(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
+        """Until the scheduler has tried and failed: PodScheduled=False with reason Unschedulable."""
+        return self.wait_pod(name, _unschedulable, timeout, "to be marked Unschedulable by the scheduler")
+
+    def wait_event(self, name: str, reason: str, timeout: float = 60.0) -> k8s.CoreV1Event:
+        return watch_until(
+            self.cluster.core.list_namespaced_event,
+            lambda c: next((e for e in c.values() if e.reason == reason), None), timeout,
+            f"a {reason} event for {self.namespace}/{name}",
+            describe=lambda c: ", ".join(sorted({e.reason for e in c.values()})) or "no events",
+            namespace=self.namespace, field_selector=f"involvedObject.name={name}")
+
+    def wait_deleted(self, name: str, timeout: float = 60.0) -> None:
+        self.wait_pods(lambda c: name not in c or None, timeout, f"pod {self.namespace}/{name} to be deleted")
+
+    # ---------------------------------------------------------------- cleanup
+
+    def cleanup(self, wait: bool = True, timeout: float = 120.0,
+                progress: Callable[[str], None] | None = None) -> None:
+        """Delete the run namespace and the run's cluster-scoped objects. Idempotent."""
+        core, sched = self.cluster.core, self.cluster.scheduling
+        for pc in sched.list_priority_class(label_selector=self.selector).items:
+            with contextlib.suppress(ApiException):
+                sched.delete_priority_class(pc.metadata.name)
+        try:
+            ns = core.read_namespace(self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                self._cleaned = True
+                return
+            raise
+        if (ns.metadata.labels or {}).get(RUN_LABEL) != self.run_id:
+            raise ClusterError(f"namespace {self.namespace} does not carry our run label; not deleting it")
+        if progress:
+            progress(f"deleting run namespace {self.namespace}")
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(self.namespace, propagation_policy="Background")
+        if wait:
+            watch_until(core.list_namespace, lambda c: self.namespace not in c or None, timeout,
+                        f"namespace {self.namespace} to be deleted",
+                        describe=lambda c: _describe_ns(c.get(self.namespace)),
+                        field_selector=f"metadata.name={self.namespace}")
+        self._cleaned = True
+
+
+CLUSTER_SCOPED = {"Namespace", "PriorityClass", "Node", "ClusterRole", "ClusterRoleBinding",
+                  "RuntimeClass", "StorageClass"}
+
+
+# -------------------------------------------------------------------- watch helper
+
+
+def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, what: str,
+                describe: Callable[[dict], str] | None = None, **list_kwargs) -> Any:
+    """List, then watch, keeping a name -> object cache, until done(cache) is truthy.
+
+    Returns done's value. Raises WaitTimeout naming ``what`` and the last state.
+    """
+    deadline = time.monotonic() + timeout
+    cache: dict[str, Any] = {}
+
+    def relist() -> str:
+        cache.clear()
+        resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout)))
+        for item in resp.items:
+            cache[item.metadata.name] = item
+        return resp.metadata.resource_version
+
+    rv = relist()
+    while True:
+        result = done(cache)
+        if result:
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state = describe(cache) if describe else f"{len(cache)} objects seen"
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state})")
+        w = watch.Watch()
+        try:
+            for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(remaining + 0.999)),
+                               _request_timeout=remaining + 10, allow_watch_bookmarks=True, **list_kwargs):
+                obj = ev["object"]
+                if ev["type"] == "ERROR":
+                    raise ApiException(status=getattr(obj, "code", 500) if not isinstance(obj, dict)
+                                       else obj.get("code", 500))
+                rv = obj.metadata.resource_version
+                if ev["type"] == "BOOKMARK":
+                    continue
+                if ev["type"] == "DELETED":
+                    cache.pop(obj.metadata.name, None)
+                else:
+                    cache[obj.metadata.name] = obj
+                result = done(cache)
+                if result:
+                    w.stop()
+                    return result
+                if time.monotonic() > deadline:
+                    break
+        except ApiException as exc:
+            if exc.status == 410:          # our resourceVersion is too old: start over from a fresh list
+                rv = relist()
+                continue
+            raise
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+            rv = relist()
+        finally:
+            w.stop()
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _node_ready(node) -> bool:
+    for cond in (node.status.conditions or []) if node.status else []:
+        if cond.type == "Ready":
+            return cond.status == "True"
+    return False
+
+
+def _unschedulable(pod) -> bool:
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            return True
+    return False
+
+
+def _describe_pod(pod) -> str:
+    if pod is None:
+        return "pod not found"
+    msg = f"phase {pod.status.phase}, node {pod.spec.node_name or '(none)'}"
+    for cond in pod.status.conditions or []:
+        if cond.status != "True" and cond.message:
+            msg += f"; {cond.type}: {cond.message}"
+    if pod.status.reason:
+        msg += f"; reason {pod.status.reason}: {pod.status.message}"
+    return msg
+
+
+def _describe_pods(cache: dict) -> str:
+    phases: dict[str, int] = {}
+    for p in cache.values():
+        phases[p.status.phase] = phases.get(p.status.phase, 0) + 1
+    return ", ".join(f"{n} {ph}" for ph, n in sorted(phases.items())) or "no pods"
+
+
+def _describe_ns(ns) -> str:
+    if ns is None:
+        return "gone"
+    conds = [f"{c.type}: {c.message}" for c in (ns.status.conditions or []) if c.status == "True"]
+    return f"phase {ns.status.phase}" + (f"; {'; '.join(conds)}" if conds else "")
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = exc
+    while getattr(seen, "reason", None) is not None and isinstance(seen.reason, BaseException):
+        seen = seen.reason
+    return str(seen)
+
+
+def _api_error(exc: ApiException, doing: str) -> ClusterError:
+    body = exc.body
+    with contextlib.suppress(Exception):
+        import json
+
+        body = json.loads(exc.body).get("message", exc.body)
+    if exc.status == 403:
+        return ClusterError(f"not allowed to {doing}: {body}. The kubeconfig's user needs that permission.")
+    return ClusterError(f"could not {doing}: HTTP {exc.status}: {body}")

@@ -1,0 +1,30 @@
+"""Errors meant for the person running gpuproof: each says what went wrong and what to do."""
+
+
+class GpuproofError(Exception):
+    """A failure with a message fit to print as is (the CLI prints it without a traceback)."""
+
+    exit_code = 2
+
+
+class FleetError(GpuproofError):
+    """A fleet file is malformed. The message names the file and the field."""
+
+    def __init__(self, source: str, field: str, problem: str):
+        self.source, self.field, self.problem = source, field, problem
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{field}: {problem}" if field else f"{where}{problem}")
+
+
+class ControlPlaneError(GpuproofError):
+    """The embedded control plane could not be built, started or reached."""
+
+
+class ClusterError(GpuproofError):
+    """The target cluster is unreachable, has no GPUs, or refuses us (permissions)."""
+
+
+class WaitTimeout(GpuproofError, TimeoutError):
+    """A watch-based wait ran past its deadline. The message says what it waited for."""
+
+    exit_code = 3

@@ -1,0 +1,563 @@
+"""The fleet file: which simulated nodes the embedded cluster has, and what they advertise.
+
+A fleet is a list of node pools. Each pool turns into ``count`` Node objects whose
+capacity, allocatable, labels and taints are what the NVIDIA device plugin and GPU
+Feature Discovery (GFD) put on such hardware. Example::
+
+    name: mixed
+    defaults:
+      gpu: {driverVersion: "550.54.15", cudaVersion: "12.4"}
+      taints: ["nvidia.com/gpu=present:NoSchedule"]
+    pools:
+      - name: a100
+        count: 2
+        gpu: {product: NVIDIA-A100-SXM4-80GB, count: 8}
+      - name: l4-shared
+        count: 1
+        gpu: {product: NVIDIA-L4, count: 1}
+        timeSlicing: {replicas: 4}
+      - name: cpu
+        count: 1
+        taints: []
+
+Validation is strict: unknown keys, wrong types and impossible hardware (a MIG
+profile the product does not have) are refused with the file and the field named.
+
+``faults`` exist so gpuproof's own tests can build clusters that are broken in a
+known way (capacity disagreeing with a label, a missing taint, ...) and show that
+each acceptance check catches its fault. Users have no reason to set them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import catalog
+from .errors import FleetError
+
+GPU = "nvidia.com/gpu"
+GPU_SHARED = "nvidia.com/gpu.shared"
+GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+POOL_LABEL = "node.kubernetes.io/instance-type"
+FLEETS_DIR = Path(__file__).parent / "fleets"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
+_QUANTITY = re.compile(r"^\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+    def as_dict(self) -> dict:
+        d = {"key": self.key, "effect": self.effect}
+        if self.value:
+            d["value"] = self.value
+        return d
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+
+
+@dataclasses.dataclass
+class GpuSpec:
+    product: str
+    count: int
+    memory_mib: int
+    family: str
+    compute: tuple[int, int]
+    driver_version: str
+    cuda_version: str
+
+
+@dataclasses.dataclass
+class TimeSlicing:
+    replicas: int
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool = False
+
+
+@dataclasses.dataclass
+class Mig:
+    strategy: str                       # single | mixed
+    profiles: dict[str, int]            # profile -> instances per GPU
+
+
+@dataclasses.dataclass
+class Fault:
+    """A deliberate misconfiguration applied to the generated Node objects."""
+
+    node: int | None = None             # index within the pool; None = every node
+    set_labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    drop_labels: list[str] = dataclasses.field(default_factory=list)
+    set_capacity: dict[str, str] = dataclasses.field(default_factory=dict)
+    drop_capacity: list[str] = dataclasses.field(default_factory=list)
+    set_allocatable: dict[str, str] = dataclasses.field(default_factory=dict)
+    drop_allocatable: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Pool:
+    name: str
+    count: int
+    cpu: str = "32"
+    memory: str = "256Gi"
+    pods: int = 110
+    instance_type: str = ""
+    gpu: GpuSpec | None = None
+    taints: list[Taint] = dataclasses.field(default_factory=list)
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    time_slicing: TimeSlicing | None = None
+    mig: Mig | None = None
+    faults: list[Fault] = dataclasses.field(default_factory=list)
+
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+    # ---- what the device plugin and GFD advertise
+
+    def gpu_resources(self) -> dict[str, str]:
+        """Extended resources the device plugin advertises (capacity == allocatable)."""
+        g = self.gpu
+        if g is None:
+            return {}
+        if self.mig and self.mig.strategy == "mixed":
+            res = {GPU: "0"}
+            for prof, per_gpu in self.mig.profiles.items():
+                res[f"nvidia.com/mig-{prof}"] = str(per_gpu * g.count)
+            return res
+        devices = g.count
+        if self.mig and self.mig.strategy == "single":
+            devices = sum(self.mig.profiles.values()) * g.count
+        ts = self.time_slicing
+        if ts and ts.replicas > 1:
+            if ts.rename_by_default:
+                return {GPU: "0", GPU_SHARED: str(devices * ts.replicas)}
+            return {GPU: str(devices * ts.replicas)}
+        return {GPU: str(devices)}
+
+    def gpu_labels(self) -> dict[str, str]:
+        """The labels GFD (plus NFD's PCI label) puts on a node of this pool."""
+        g = self.gpu
+        if g is None:
+            return {}
+        product, count, memory = g.product, g.count, g.memory_mib
+        labels: dict[str, str] = {}
+        known = catalog.lookup(g.product)
+        if self.mig and self.mig.strategy == "single":
+            (prof_name, per_gpu), = self.mig.profiles.items()
+            prof = known.mig_profile(prof_name) if known else None
+            product = f"{g.product}-MIG-{prof_name}"
+            count = per_gpu * g.count
+            memory = prof.memory_mib if prof else memory
+        ts = self.time_slicing
+        replicas = ts.replicas if ts else 1
+        if ts and replicas > 1 and not ts.rename_by_default:
+            product += "-SHARED"
+        dmaj, dmin, *drev = g.driver_version.split(".")
+        cmaj, cmin = g.cuda_version.split(".")[:2]
+        labels.update({
+            "feature.node.kubernetes.io/pci-10de.present": "true",
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.deploy.device-plugin": "true",
+            "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
+            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.count": str(count),
+            "nvidia.com/gpu.memory": str(memory),
+            "nvidia.com/gpu.family": g.family,
+            "nvidia.com/gpu.compute.major": str(g.compute[0]),
+            "nvidia.com/gpu.compute.minor": str(g.compute[1]),
+            "nvidia.com/gpu.machine": self.instance_type or self.name,
+            "nvidia.com/gpu.replicas": str(replicas),
+            "nvidia.com/gpu.sharing-strategy": "time-slicing" if replicas > 1 else "none",
+            "nvidia.com/cuda.driver-version.major": dmaj,
+            "nvidia.com/cuda.driver-version.minor": dmin,
+            "nvidia.com/cuda.driver-version.revision": drev[0] if drev else "0",
+            "nvidia.com/cuda.driver-version.full": g.driver_version,
+            "nvidia.com/cuda.runtime-version.major": cmaj,
+            "nvidia.com/cuda.runtime-version.minor": cmin,
+            "nvidia.com/cuda.runtime-version.full": f"{cmaj}.{cmin}",
+            "nvidia.com/mig.capable": "true" if known and known.mig else "false",
+            "nvidia.com/mig.strategy": self.mig.strategy if self.mig else "none",
+            "nvidia.com/mps.capable": "false",
+        })
+        if self.mig and self.mig.strategy == "mixed":
+            for prof_name, per_gpu in self.mig.profiles.items():
+                prof = known.mig_profile(prof_name) if known else None
+                base = f"nvidia.com/mig-{prof_name}"
+                labels[f"{base}.count"] = str(per_gpu * g.count)
+                if prof:
+                    labels[f"{base}.memory"] = str(prof.memory_mib)
+                    labels[f"{base}.multiprocessors"] = str(known.sms * prof.slices // 7)
+                    labels[f"{base}.slices.gi"] = str(prof.slices)
+                    labels[f"{base}.slices.ci"] = str(prof.slices)
+        return labels
+
+    def node_objects(self) -> list[dict]:
+        """The Node objects (with status) a kwok-managed cluster gets for this pool."""
+        nodes = []
+        for i, name in enumerate(self.node_names()):
+            resources = {
+                "cpu": self.cpu,
+                "memory": self.memory,
+                "pods": str(self.pods),
+                "ephemeral-storage": "500Gi",
+                **self.gpu_resources(),
+            }
+            labels = {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                POOL_LABEL: self.instance_type or self.name,
+                **self.gpu_labels(),
+                **self.labels,
+            }
+            node = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "labels": labels,
+                    "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                },
+                "spec": {"taints": [t.as_dict() for t in self.taints]},
+                "status": {
+                    "capacity": dict(resources),
+                    "allocatable": dict(resources),
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "fake",
+                        "kubeProxyVersion": "fake",
+                    },
+                },
+            }
+            for fault in self.faults:
+                if fault.node is None or fault.node == i:
+                    _apply_fault(node, fault)
+            nodes.append(node)
+        return nodes
+
+
+def _apply_fault(node: dict, fault: Fault) -> None:
+    labels = node["metadata"]["labels"]
+    status = node["status"]
+    labels.update(fault.set_labels)
+    for key in fault.drop_labels:
+        labels.pop(key, None)
+    status["capacity"].update(fault.set_capacity)
+    for key in fault.drop_capacity:
+        status["capacity"].pop(key, None)
+    status["allocatable"].update(fault.set_allocatable)
+    for key in fault.drop_allocatable:
+        status["allocatable"].pop(key, None)
+
+
+@dataclasses.dataclass
+class Fleet:
+    name: str
+    pools: list[Pool]
+    source: str = ""
+
+    def node_objects(self) -> list[dict]:
+        return [n for p in self.pools for n in p.node_objects()]
+
+    @property
+    def node_count(self) -> int:
+        return sum(p.count for p in self.pools)
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Fields:
+    """Reads one mapping of the fleet file, tracking the field path for error messages."""
+
+    def __init__(self, data: Any, path: str, source: str):
+        self.path, self.source = path, source
+        if not isinstance(data, dict):
+            self.fail("", f"must be a mapping, got {_kind(data)}")
+        self.data = data
+        self.used: set[str] = set()
+
+    def field(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, problem: str):
+        raise FleetError(self.source, self.field(key) if key else (self.path or "(top level)"), problem)
+
+    def get(self, key: str, default: Any = None, required: bool = False) -> Any:
+        self.used.add(key)
+        if key not in self.data or self.data[key] is None:
+            if required:
+                self.fail(key, "is required")
+            return default
+        return self.data[key]
+
+    def str(self, key: str, default: str | None = None, required: bool = False, pattern: re.Pattern | None = None,
+            hint: str = "") -> str | None:
+        value = self.get(key, default, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            self.fail(key, f"must be a string, got {_kind(value)}")
+        value = str(value)
+        if pattern and not pattern.match(value):
+            self.fail(key, f"{value!r} is not valid" + (f": {hint}" if hint else ""))
+        return value
+
+    def int(self, key: str, default: int | None = None, required: bool = False, minimum: int = 0,
+            maximum: int = 10**6) -> int | None:
+        value = self.get(key, default, required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"must be a whole number, got {_kind(value)} {value!r}")
+        if not minimum <= value <= maximum:
+            self.fail(key, f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    def bool(self, key: str, default: bool = False) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {_kind(value)} {value!r}")
+        return value
+
+    def mapping(self, key: str) -> "_Fields | None":
+        value = self.get(key)
+        return None if value is None else _Fields(value, self.field(key), self.source)
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self.get(key, {})
+        if not isinstance(value, dict):
+            self.fail(key, f"must be a mapping of strings, got {_kind(value)}")
+        out = {}
+        for k, v in value.items():
+            if isinstance(v, bool):
+                v = "true" if v else "false"
+            if not isinstance(k, str) or not isinstance(v, (str, int, float)):
+                self.fail(f"{key}.{k}", f"must be a string, got {_kind(v)}")
+            out[k] = str(v)
+        return out
+
+    def str_list(self, key: str) -> list[str]:
+        value = self.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.fail(key, f"must be a list of strings, got {_kind(value)}")
+        return list(value)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.used, key=str)
+        if unknown:
+            self.fail(str(unknown[0]), f"unknown field; expected one of: {', '.join(sorted(self.used))}")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "nothing"}.get(type(value), type(value).__name__)
+
+
+def _parse_taint(text: str, fields: _Fields, key: str) -> Taint:
+    m = re.match(r"^([^=:\s]+)(?:=([^:\s]*))?:(\S+)$", text)
+    if not m or m.group(3) not in _EFFECTS:
+        fields.fail(key, f"{text!r} is not a taint; write key=value:Effect with Effect one of {', '.join(_EFFECTS)}")
+    return Taint(m.group(1), m.group(2) or "", m.group(3))
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _parse_gpu(f: _Fields) -> GpuSpec:
+    product = f.str("product", required=True)
+    known = catalog.lookup(product)
+    count = f.int("count", required=True, minimum=1, maximum=16)
+    memory = f.int("memoryMiB", known.memory_mib if known else None, minimum=1, maximum=10**7)
+    family = f.str("family", known.family if known else None)
+    compute = f.str("computeCapability", f"{known.compute[0]}.{known.compute[1]}" if known else None,
+                    pattern=re.compile(r"^\d+\.\d+$"), hint="write major.minor, e.g. 9.0")
+    missing = [k for k, v in (("memoryMiB", memory), ("family", family), ("computeCapability", compute)) if v is None]
+    if missing:
+        f.fail(missing[0], f"is required for product {product!r}, which gpuproof does not know "
+                           f"(known: {', '.join(sorted(catalog.PRODUCTS))})")
+    driver = f.str("driverVersion", "550.54.15", pattern=_VERSION, hint="write e.g. 550.54.15")
+    cuda = f.str("cudaVersion", "12.4", pattern=_VERSION, hint="write e.g. 12.4")
+    f.done()
+    major, minor = compute.split(".")
+    return GpuSpec(product, count, memory, family, (int(major), int(minor)), driver, cuda)
+
+
+def _parse_mig(f: _Fields, gpu: GpuSpec | None) -> Mig:
+    strategy = f.str("strategy", "mixed")
+    if strategy not in MIG_STRATEGIES:
+        f.fail("strategy", f"{strategy!r} is not one of {', '.join(MIG_STRATEGIES)}")
+    raw = f.get("profiles", required=strategy != "none")
+    f.done()
+    if strategy == "none":
+        return None  # type: ignore[return-value]
+    if gpu is None:
+        f.fail("", "MIG needs a gpu section in the pool")
+    if not isinstance(raw, dict) or not raw:
+        f.fail("profiles", "must map MIG profile names to instances per GPU, e.g. {1g.10gb: 7}")
+    known = catalog.lookup(gpu.product)
+    if known is not None and not known.mig:
+        f.fail("", f"{gpu.product} does not support MIG")
+    profiles: dict[str, int] = {}
+    slices = 0
+    for name, per_gpu in raw.items():
+        key = f"profiles.{name}"
+        if not isinstance(name, str) or not catalog.MIG_NAME.match(name):
+            f.fail(key, "is not a MIG profile name; write <g>g.<mem>gb, e.g. 1g.10gb")
+        if isinstance(per_gpu, bool) or not isinstance(per_gpu, int) or per_gpu < 1:
+            f.fail(key, f"instances per GPU must be a whole number >= 1, got {per_gpu!r}")
+        prof = known.mig_profile(name) if known else None
+        if known is not None and prof is None:
+            f.fail(key, f"{gpu.product} has no MIG profile {name}; it has {', '.join(p.name for p in known.mig)}")
+        if prof is not None and per_gpu > prof.max_per_gpu:
+            f.fail(key, f"at most {prof.max_per_gpu} instances of {name} fit on one {gpu.product}, got {per_gpu}")
+        slices += int(name[0]) * per_gpu
+        profiles[name] = per_gpu
+    if slices > 7:
+        f.fail("profiles", f"the profiles need {slices} compute slices per GPU; a GPU has 7")
+    if strategy == "single" and len(profiles) != 1:
+        f.fail("profiles", f"single strategy uses one profile on every GPU, got {len(profiles)}")
+    return Mig(strategy, profiles)
+
+
+def _parse_fault(f: _Fields) -> Fault:
+    fault = Fault(
+        node=f.int("node", minimum=0),
+        set_labels=f.str_map("setLabels"),
+        drop_labels=f.str_list("dropLabels"),
+        set_capacity=f.str_map("setCapacity"),
+        drop_capacity=f.str_list("dropCapacity"),
+        set_allocatable=f.str_map("setAllocatable"),
+        drop_allocatable=f.str_list("dropAllocatable"),
+    )
+    f.done()
+    return fault
+
+
+def _parse_pool(f: _Fields, defaults: dict) -> Pool:
+    name = f.str("name", required=True, pattern=_DNS_LABEL, hint="use lowercase letters, digits and '-'")
+    count = f.int("count", 1, minimum=0, maximum=5000)
+    pool = Pool(name=name, count=count)
+    pool.cpu = f.str("cpu", "32", pattern=_QUANTITY, hint="a Kubernetes quantity such as 32 or 3500m")
+    pool.memory = f.str("memory", "256Gi", pattern=_QUANTITY, hint="a Kubernetes quantity such as 256Gi")
+    pool.pods = f.int("pods", 110, minimum=1, maximum=10000)
+    pool.instance_type = f.str("instanceType", "")
+    gpu_f = f.mapping("gpu")
+    pool.gpu = _parse_gpu(gpu_f) if gpu_f else None
+    pool.taints = [_parse_taint(t, f, f"taints[{i}]") for i, t in enumerate(f.str_list("taints"))]
+    pool.labels = f.str_map("labels")
+    ts_f = f.mapping("timeSlicing")
+    if ts_f:
+        pool.time_slicing = TimeSlicing(
+            replicas=ts_f.int("replicas", required=True, minimum=1, maximum=256),
+            rename_by_default=ts_f.bool("renameByDefault"),
+            fail_requests_greater_than_one=ts_f.bool("failRequestsGreaterThanOne"),
+        )
+        ts_f.done()
+        if pool.gpu is None:
+            f.fail("timeSlicing", "time-slicing needs a gpu section in the pool")
+    mig_f = f.mapping("mig")
+    if mig_f:
+        pool.mig = _parse_mig(mig_f, pool.gpu)
+        if pool.mig and pool.time_slicing:
+            f.fail("mig", "time-slicing of MIG devices is not modelled; use one or the other in a pool")
+    faults = f.get("faults", [])
+    if not isinstance(faults, list):
+        f.fail("faults", f"must be a list, got {_kind(faults)}")
+    pool.faults = [_parse_fault(_Fields(x, f.field(f"faults[{i}]"), f.source)) for i, x in enumerate(faults)]
+    for i, fault in enumerate(pool.faults):
+        if fault.node is not None and fault.node >= count:
+            f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
+    f.done()
+    return pool
+
+
+def parse_fleet(data: Any, source: str = "") -> Fleet:
+    top = _Fields(data, "", source)
+    name = top.str("name", Path(source).stem if source else "fleet", pattern=_DNS_LABEL,
+                   hint="use lowercase letters, digits and '-'")
+    defaults = top.get("defaults", {})
+    if not isinstance(defaults, dict):
+        top.fail("defaults", f"must be a mapping, got {_kind(defaults)}")
+    pools_raw = top.get("pools", required=True)
+    top.done()
+    if not isinstance(pools_raw, list) or not pools_raw:
+        top.fail("pools", "must be a non-empty list of node pools")
+    pools: list[Pool] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(pools_raw):
+        if not isinstance(raw, dict):
+            top.fail(f"pools[{i}]", f"must be a mapping, got {_kind(raw)}")
+        merged = _merge(defaults, raw)
+        if "gpu" not in raw:          # defaults.gpu only refines pools that have GPUs
+            merged.pop("gpu", None)
+        pool = _parse_pool(_Fields(merged, f"pools[{i}]", source), defaults)
+        if pool.name in seen:
+            top.fail(f"pools[{i}].name", f"{pool.name!r} is used by an earlier pool")
+        seen.add(pool.name)
+        pools.append(pool)
+    if sum(p.count for p in pools) == 0:
+        top.fail("pools", "the fleet has no nodes (every count is 0)")
+    return Fleet(name=name, pools=pools, source=source)
+
+
+def load_fleet(path: str | os.PathLike) -> Fleet:
+    """Read and validate a fleet file. A bare name like ``mixed`` means a shipped fleet."""
+    p = resolve_fleet_path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise FleetError(str(p), "", f"cannot read the fleet file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise FleetError(str(p), "", f"not valid YAML: {where}{getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        raise FleetError(str(p), "", "the file is empty")
+    return parse_fleet(data, str(p))
+
+
+def resolve_fleet_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.exists() and p.suffix == "" and (FLEETS_DIR / f"{p}.yaml").exists():
+        return FLEETS_DIR / f"{p}.yaml"
+    return p
+
+
+def shipped_fleets() -> list[str]:
+    return sorted(p.stem for p in FLEETS_DIR.glob("*.yaml"))

@@ -1,0 +1,396 @@
+"""The pytest side of gpuproof: options, the target cluster, the run, and check records.
+
+Target selection:
+- no ``--kubeconfig``/``--context``: a private embedded cluster is started for the
+  session (fleet from ``--fleet``, default ``mixed``) and stopped at the end;
+- ``--kubeconfig`` and/or ``--context``: that cluster, as it is. Nothing outside the
+  run's namespace and labelled objects is changed.
+
+Suites use the fixtures ``target``, ``run``, ``discovery``, ``check``, ``run_dir`` and the
+parametrizing fixtures ``gpu_node`` / ``gpu_pool`` (one test per discovered node or pool).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .errors import GpuproofError
+from .results import CheckRecord, RunDir, new_run_id
+
+REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("gpuproof", "gpuproof target and run")
+    g.addoption("--kubeconfig", default=None,
+                help="run against the cluster of this kubeconfig (default: a private embedded cluster)")
+    g.addoption("--context", default=None, help="kubeconfig context to use (implies a real cluster)")
+    g.addoption("--fleet", default=None,
+                help="fleet file (or shipped fleet name) for the embedded cluster; default: mixed")
+    g.addoption("--sim-port", default="auto",
+                help="base port of the embedded cluster (uses 6 ports from it); default: auto")
+    g.addoption("--report-dir", default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
+                help="folder that gets one sub-folder per run (default: reports)")
+    g.addoption("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
+    g.addoption("--pool-label", default=None,
+                help="node label that names node pools (default: the first of the common cloud labels)")
+    g.addoption("--strict-taints", action="store_true",
+                help="fail (rather than warn) when a GPU node has no NoSchedule taint")
+    g.addoption("--timeout-scale", type=float, default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
+                help="multiply every wait's deadline (slow clusters)")
+
+
+# ---------------------------------------------------------------------------- session state
+
+
+class Target:
+    """The cluster a session runs against, and this session's run in it."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        opt = config.getoption
+        self.real = bool(opt("--kubeconfig") or opt("--context"))
+        self.run_id = opt("--run-id") or new_run_id()
+        self.scale = opt("--timeout-scale")
+        self.sim = None
+        self.fleet = None
+        self.cluster = None
+        self._run = None
+        self._run_dir = None
+        self._discovery = None
+        self.error: GpuproofError | None = None
+
+    def progress(self, msg: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None and not self.config.getoption("quiet", 0) > 1:
+            tr.write_line(f"[gpuproof] {msg}")
+
+    def timeout(self, seconds: float) -> float:
+        return seconds * self.scale
+
+    # -- lazily connect / start
+
+    def connect(self):
+        if self.cluster is not None or self.error is not None:
+            if self.error is not None:
+                raise self.error
+            return self.cluster
+        from .cluster import connect
+
+        try:
+            if self.real:
+                self.cluster = connect(self.config.getoption("--kubeconfig"), self.config.getoption("--context"))
+            else:
+                from .fleet import load_fleet
+                from .sim.controlplane import SimCluster, find_free_base
+
+                self.fleet = load_fleet(self.config.getoption("--fleet") or "mixed")
+                port = self.config.getoption("--sim-port")
+                base = find_free_base() if port == "auto" else int(port)
+                state = Path(tempfile.mkdtemp(prefix="gpuproof-sim-"))
+                self.sim = SimCluster(state, base_port=base)
+                self.progress(f"starting embedded cluster (fleet {self.fleet.name}, {self.fleet.node_count} nodes)")
+                kubeconfig = self.sim.up(self.fleet, progress=self.progress)
+                self.cluster = connect(str(kubeconfig))
+                self.cluster.name = "embedded"
+        except GpuproofError as exc:
+            self.error = exc
+            raise
+        return self.cluster
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.real
+
+    @property
+    def run(self):
+        if self._run is None:
+            cluster = self.connect()
+            from .cluster import Run
+
+            run = Run(cluster, self.run_id)
+            self._run = run          # set before create so a half-made run is still cleaned up
+            run.create(progress=self.progress, timeout=self.timeout(60))
+        return self._run
+
+    @property
+    def run_dir(self) -> RunDir:
+        if self._run_dir is None:
+            root = Path(self.config.getoption("--report-dir"))
+            target = "embedded" if not self.real else (
+                f"kubeconfig:{self.config.getoption('--kubeconfig') or '~/.kube/config'}"
+                f"#{self.config.getoption('--context') or ''}")
+            self._run_dir = RunDir.create(root, self.run_id, target=target, argv=sys.argv[1:],
+                                          fleet=self.config.getoption("--fleet") or ("mixed" if not self.real else ""))
+        return self._run_dir
+
+    def discovery(self, refresh: bool = False):
+        if self._discovery is None or refresh:
+            from .discovery import discover
+
+            cluster = self.connect()
+            nodes = cluster.api.sanitize_for_serialization(cluster.nodes())
+            self._discovery = discover(nodes, pool_label=self.config.getoption("--pool-label"))
+        return self._discovery
+
+    def write_inventory(self) -> None:
+        if self.cluster is None or self._run_dir is None:
+            return
+        from .inventory import snapshot
+
+        try:
+            inv = snapshot(self.cluster, pool_label=self.config.getoption("--pool-label"))
+            self._run_dir.write_inventory(inv)
+            self._run_dir.meta.cluster = self.cluster.name
+            self._run_dir.meta.kubernetes_version = inv["kubernetes_version"]
+            self._run_dir.write_meta()
+        except Exception as exc:  # the inventory is a record, never a reason to fail cleanup
+            self.progress(f"could not write the inventory: {exc}")
+
+    def close(self, outcome: str = "") -> None:
+        """Clean up everything the run created; stop a private embedded cluster. Idempotent."""
+        if self._run is not None and not self._run._cleaned:
+            try:
+                self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)
+            except Exception as exc:
+                self.progress(f"cleanup of run {self.run_id} incomplete: {exc}. "
+                              f"Run `gpuproof clean` to remove what is left.")
+        if self._run_dir is not None:
+            self.write_inventory()
+            self._run_dir.finalize(outcome)
+        if self.sim is not None:
+            self.sim.down()
+            self.sim = None
+
+
+_KEY = pytest.StashKey[Target]()
+
+
+def get_target(config: pytest.Config) -> Target:
+    if _KEY not in config.stash:
+        config.stash[_KEY] = Target(config)
+    return config.stash[_KEY]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    get_target(config)
+    # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
+    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def _term(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, _term)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    t = get_target(session.config)
+    outcome = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
+    t.close(outcome)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _KEY in config.stash:
+        config.stash[_KEY].close()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    t = get_target(config)
+    if t.real:
+        return [f"gpuproof: target cluster from kubeconfig {config.getoption('--kubeconfig') or '(default)'} "
+                f"context {config.getoption('--context') or '(current)'}; run {t.run_id}"]
+    return [f"gpuproof: target embedded cluster, fleet {config.getoption('--fleet') or 'mixed'}; run {t.run_id}"]
+
+
+# ---------------------------------------------------------------------------- parametrization
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per discovered GPU node (``gpu_node``) or pool (``gpu_pool``)."""
+    wanted = [f for f in ("gpu_node", "gpu_pool") if f in metafunc.fixturenames]
+    if not wanted:
+        return
+    t = get_target(metafunc.config)
+    try:
+        d = t.discovery()
+    except GpuproofError as exc:
+        metafunc.parametrize(wanted[0], [pytest.param(None, marks=pytest.mark.skip(reason=str(exc)))],
+                             ids=["no-cluster"])
+        return
+    select = getattr(metafunc.function, "gpuproof_select", None)
+    if "gpu_node" in wanted:
+        nodes = [n for n in d.gpu_nodes if select is None or select(n)]
+        if nodes:
+            metafunc.parametrize("gpu_node", nodes, ids=[n.name for n in nodes])
+        else:
+            why = "no GPU nodes in the cluster" if not d.gpu_nodes else \
+                f"no GPU node of the kind this check is for ({getattr(select, '__doc__', '') or 'filtered'})"
+            metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=why))], ids=["none"])
+    if "gpu_pool" in wanted:
+        pools = {name: nodes for name, nodes in d.pools.items()
+                 if select is None or any(select(n) for n in nodes)}
+        if pools:
+            metafunc.parametrize("gpu_pool", [Pool(k, v) for k, v in sorted(pools.items())], ids=sorted(pools))
+        else:
+            metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(
+                reason="no GPU pools in the cluster"))], ids=["none"])
+
+
+class Pool:
+    def __init__(self, name: str, nodes: list):
+        self.name, self.nodes = name, nodes
+
+    def __repr__(self) -> str:
+        return f"Pool({self.name}, {len(self.nodes)} nodes)"
+
+
+def for_nodes(predicate):
+    """Decorator: parametrize ``gpu_node``/``gpu_pool`` only over nodes where predicate(node) holds.
+
+    The predicate's docstring says which nodes, and shows in the skip reason when none match.
+    """
+    def mark(fn):
+        fn.gpuproof_select = predicate
+        return fn
+    return mark
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def target(request) -> Target:
+    t = get_target(request.config)
+    try:
+        t.connect()
+    except GpuproofError as exc:
+        pytest.fail(f"gpuproof could not reach its target cluster: {exc}", pytrace=False)
+    return t
+
+
+@pytest.fixture(scope="session")
+def run(target):
+    """The run (namespace + labels) in the target cluster."""
+    try:
+        return target.run
+    except GpuproofError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def run_dir(request) -> RunDir:
+    return get_target(request.config).run_dir
+
+
+@pytest.fixture(scope="session")
+def discovery(target):
+    return target.discovery()
+
+
+@pytest.fixture(scope="session")
+def gpu_products(discovery) -> dict[str, list[str]]:
+    return discovery.products
+
+
+@pytest.fixture
+def needs_real_gpus(discovery):
+    if discovery.simulated:
+        pytest.skip(REAL_GPU_REASON)
+
+
+class Checker:
+    """Records each check's verdict and fails the test with node, expected and actual."""
+
+    def __init__(self, run_dir: RunDir, feature: str, node=None):
+        self.run_dir = run_dir
+        self.feature = feature
+        self.node = node
+        self.failures: list[str] = []
+
+    def _target(self, target: str | None) -> tuple[str, str, str]:
+        node = self.node
+        if target is None and node is not None:
+            return node.name, node.pool, node.product
+        return target or "cluster", getattr(node, "pool", "") or "", getattr(node, "product", "") or ""
+
+    def record(self, check: str, verdict: str, expected: Any = "", actual: Any = "", message: str = "",
+               target: str | None = None) -> CheckRecord:
+        tgt, pool, product = self._target(target)
+        return self.run_dir.add_check(CheckRecord(feature=self.feature, check=check, target=tgt, verdict=verdict,
+                                                  expected=expected, actual=actual, message=message, pool=pool,
+                                                  product=product))
+
+    def equal(self, check: str, expected: Any, actual: Any, what: str = "", target: str | None = None) -> bool:
+        """Record pass/fail of expected == actual; a failure is collected and raised at the end of the test."""
+        if expected == actual:
+            self.record(check, "pass", expected, actual, target=target)
+            return True
+        tgt = self._target(target)[0]
+        msg = f"{tgt}: {what or check}: expected {_show(expected)}, actual {_show(actual)}"
+        self.record(check, "fail", expected, actual, msg, target=target)
+        self.failures.append(msg)
+        return False
+
+    def true(self, check: str, ok: bool, expected: Any, actual: Any, what: str = "",
+             target: str | None = None) -> bool:
+        """Record a check whose pass condition is more than equality (expected describes the rule)."""
+        if ok:
+            self.record(check, "pass", expected, actual, target=target)
+            return True
+        tgt = self._target(target)[0]
+        msg = f"{tgt}: {what or check}: expected {_show(expected)}, actual {_show(actual)}"
+        self.record(check, "fail", expected, actual, msg, target=target)
+        self.failures.append(msg)
+        return False
+
+    def warn(self, check: str, message: str, expected: Any = "", actual: Any = "", target: str | None = None):
+        import warnings
+
+        tgt = self._target(target)[0]
+        self.record(check, "warn", expected, actual, f"{tgt}: {message}", target=target)
+        warnings.warn(f"gpuproof: {tgt}: {message}", GpuproofWarning, stacklevel=2)
+
+    def skip(self, check: str, reason: str, target: str | None = None):
+        self.record(check, "skip", message=reason, target=target)
+        pytest.skip(reason)
+
+    def finish(self) -> None:
+        if self.failures:
+            pytest.fail("\n".join(self.failures), pytrace=False)
+
+
+class GpuproofWarning(UserWarning):
+    pass
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(missing)"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+@pytest.fixture
+def check(request, run_dir):
+    """A Checker for this test. The feature is the suite module's FEATURE (or its file name)."""
+    module = request.module
+    feature = getattr(module, "FEATURE", module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
+    node = request.getfixturevalue("gpu_node") if "gpu_node" in request.fixturenames else None
+    checker = Checker(run_dir, feature, node)
+    request.node._gpuproof_checker = checker
+    return checker
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test whose checks failed fails in its call phase, with every failed check listed."""
+    result = yield
+    checker = getattr(item, "_gpuproof_checker", None)
+    if checker is not None:
+        checker.finish()
+    return result

@@ -1,0 +1,413 @@
+"""Run the embedded cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+and the kwok controller as local processes on 127.0.0.1, plus the fleet's Node objects.
+
+Why our own launcher rather than ``kwokctl --runtime binary``: kwokctl downloads its
+binaries and keeps its own state layout; we need the pinned binaries we built, a
+loopback-only bind, a clear error for each port in use, and to swap the fleet (and
+the stages that depend on it) without a restart of the control plane.
+
+State lives in one folder (default ``~/.cache/gpuproof/sim/<name>``): ``state.json``,
+``kubeconfig``, ``pki/``, ``logs/``, ``etcd/``. Processes run in their own sessions, so
+``gpuproof sim up`` can return and leave the cluster running; ``gpuproof sim down``
+(or :meth:`SimCluster.down`) stops them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from ..errors import ControlPlaneError
+from ..fleet import KWOK_ANNOTATION, Fleet
+from . import binaries as _binaries
+from .pki import make_pki
+from .stages import kwok_config
+
+DEFAULT_PORT = 16443
+# offsets from the base port
+PORTS = {"kube-apiserver": 0, "etcd": 1, "etcd-peer": 2, "kube-controller-manager": 3, "kube-scheduler": 4,
+         "kwok": 5}
+START_ORDER = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+CONTEXT = "gpuproof-sim"
+
+Progress = Callable[[str], None]
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+def default_state_dir(name: str = "default") -> Path:
+    return _binaries.cache_root() / "sim" / name
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def find_free_base(start: int = 20000, stop: int = 30000, step: int = 10) -> int:
+    """A base port whose six ports are all free (for private clusters in tests)."""
+    pid_offset = (os.getpid() % 500) * step       # parallel test sessions start in different places
+    for i in range(0, stop - start, step):
+        base = start + (pid_offset + i) % (stop - start)
+        if all(port_free(base + off) for off in PORTS.values()):
+            return base
+    raise ControlPlaneError(f"no six free ports found on 127.0.0.1 between {start} and {stop}")
+
+
+def _alive(pid: int, exe: str) -> bool:
+    """True when pid runs and is the binary we started (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state != "Z" and os.path.basename(cmdline) == os.path.basename(exe)
+
+
+@dataclasses.dataclass
+class State:
+    base_port: int
+    pids: dict[str, int]
+    exes: dict[str, str]
+    fleet: str = ""
+    fleet_name: str = ""
+    started: float = 0.0
+    kube_version: str = ""
+
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.base_port}"
+
+
+class SimCluster:
+    """One embedded cluster, identified by its state folder."""
+
+    def __init__(self, state_dir: str | os.PathLike | None = None, base_port: int | None = None):
+        self.dir = Path(state_dir) if state_dir else default_state_dir()
+        self.base_port = base_port
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    def log(self, component: str) -> Path:
+        return self.dir / "logs" / f"{component}.log"
+
+    def load_state(self) -> State | None:
+        try:
+            return State(**json.loads(self.state_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _save_state(self, state: State) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(state), indent=2))
+        tmp.replace(self.state_file)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict:
+        """What runs, per component; ``running`` is True only when every component is up."""
+        state = self.load_state()
+        if state is None:
+            return {"running": False, "state_dir": str(self.dir), "components": {}}
+        comps = {c: ("running" if _alive(state.pids.get(c, -1), state.exes.get(c, c)) else "dead")
+                 for c in START_ORDER}
+        healthy = all(v == "running" for v in comps.values()) and self._api_ready(state, timeout=3)
+        return {"running": healthy, "state_dir": str(self.dir), "components": comps,
+                "kubeconfig": str(self.kubeconfig), "api": state.api_url, "fleet": state.fleet,
+                "kubernetes_version": state.kube_version,
+                "uptime_s": round(time.time() - state.started, 1) if state.started else None}
+
+    # ------------------------------------------------------------------ up / down
+
+    def up(self, fleet: Fleet | None = None, progress: Progress = _quiet, timeout: float = 180.0,
+           binaries: _binaries.Binaries | None = None) -> Path:
+        """Start the cluster (or keep the one running) and load the fleet. Returns the kubeconfig path."""
+        current = self.status()
+        if current["running"]:
+            state = self.load_state()
+            progress(f"embedded cluster already running ({state.api_url}); kubeconfig {self.kubeconfig}")
+            if fleet is not None and state.fleet != (fleet.source or fleet.name):
+                self.load_fleet(fleet, progress=progress, timeout=timeout)
+            return self.kubeconfig
+        if current["components"]:
+            progress("cleaning up a dead or partial embedded cluster left from an earlier run")
+            self.down(progress=_quiet)
+
+        bins = binaries or _binaries.locate(progress=progress)
+        base = self.base_port or DEFAULT_PORT
+        busy = [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
+        if busy:
+            raise ControlPlaneError(
+                f"port {', '.join(busy)} on 127.0.0.1 is in use by another process, so the embedded cluster "
+                f"cannot start on base port {base} (it uses ports {base}-{base + 5}). Stop that process, or pick "
+                f"another base port with --port (or --port auto).")
+
+        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        (self.dir / "logs").mkdir(parents=True)
+        pki = make_pki(self.dir / "pki")
+        self._write_kubeconfig(base, pki)
+        state = State(base_port=base, pids={}, exes={}, started=time.time(),
+                      kube_version=_binaries.version_of(bins["kube-apiserver"]))
+        (self.dir / "kwok.yaml").write_text(kwok_config(fleet))
+        try:
+            for comp in START_ORDER:
+                progress(f"starting {comp}")
+                proc = self._spawn(comp, self._args(comp, bins, base, pki))
+                state.pids[comp] = proc.pid
+                state.exes[comp] = str(bins[comp])
+                self._save_state(state)
+                self._wait_healthy(comp, state, deadline)
+            progress(f"control plane ready in {time.monotonic() - t0:.1f}s ({state.api_url})")
+            if fleet is not None:
+                self.load_fleet(fleet, progress=progress, timeout=max(deadline - time.monotonic(), 30))
+        except BaseException:
+            self.down(progress=_quiet)
+            raise
+        return self.kubeconfig
+
+    def down(self, progress: Progress = _quiet, keep_logs: bool = False) -> bool:
+        """Stop every component and remove the state folder. Returns False if nothing was there."""
+        state = self.load_state()
+        if state is None and not self.dir.exists():
+            return False
+        if state is not None:
+            for comp in reversed(START_ORDER):
+                pid = state.pids.get(comp)
+                if pid and _alive(pid, state.exes.get(comp, comp)):
+                    progress(f"stopping {comp} (pid {pid})")
+                    _terminate(pid, state.exes.get(comp, comp))
+        if keep_logs:
+            for sub in ("etcd", "pki"):
+                shutil.rmtree(self.dir / sub, ignore_errors=True)
+            self.state_file.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return True
+
+    # ------------------------------------------------------------------ fleet
+
+    def load_fleet(self, fleet: Fleet, progress: Progress = _quiet, timeout: float = 120.0) -> None:
+        """Replace the simulated nodes with the fleet's, and restart kwok with the fleet's stages."""
+        from ..cluster import connect  # local import: kubernetes client is slow to import
+
+        state = self.load_state()
+        if state is None:
+            raise ControlPlaneError("the embedded cluster is not running")
+        t0 = time.monotonic()
+        client = connect(kubeconfig=str(self.kubeconfig))
+        core = client.core
+        old = [n.metadata.name for n in core.list_node().items
+               if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) == "fake"]
+        if old:
+            progress(f"removing {len(old)} simulated nodes of the previous fleet")
+            _parallel(lambda name: _ignore_404(core.delete_node, name), old)
+        # kwok reads its stages once, at start: restart it with this fleet's stages
+        (self.dir / "kwok.yaml").write_text(kwok_config(fleet))
+        pid = state.pids.get("kwok")
+        if pid and _alive(pid, state.exes["kwok"]):
+            _terminate(pid, state.exes["kwok"])
+        bins = _binaries.Binaries({k: Path(v) for k, v in state.exes.items()}, {})
+        proc = self._spawn("kwok", self._args("kwok", bins, state.base_port, None))
+        state.pids["kwok"] = proc.pid
+        state.fleet, state.fleet_name = fleet.source or fleet.name, fleet.name
+        self._save_state(state)
+        self._wait_healthy("kwok", state, time.monotonic() + 60)
+
+        nodes = fleet.node_objects()
+        progress(f"creating {len(nodes)} simulated nodes for fleet {fleet.name!r}")
+        _parallel(core.create_node, nodes)
+        client.wait_nodes_ready([n["metadata"]["name"] for n in nodes], timeout=timeout)
+        progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
+
+    # ------------------------------------------------------------------ internals
+
+    def _write_kubeconfig(self, base: int, pki: dict[str, Path]) -> None:
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": CONTEXT,
+            "clusters": [{"name": CONTEXT, "cluster": {"server": f"https://127.0.0.1:{base}",
+                                                       "certificate-authority": str(pki["ca.crt"])}}],
+            "users": [{"name": "gpuproof-admin", "user": {"client-certificate": str(pki["admin.crt"]),
+                                                          "client-key": str(pki["admin.key"])}}],
+            "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": "gpuproof-admin"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    def _args(self, comp: str, bins, base: int, pki: dict[str, Path] | None) -> list[str]:
+        p = {name: base + off for name, off in PORTS.items()}
+        pk = self.dir / "pki"
+        kc = str(self.kubeconfig)
+        exe = str(bins[comp])
+        if comp == "etcd":
+            return [exe, "--name=gpuproof", f"--data-dir={self.dir / 'etcd'}",
+                    f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+                    f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+                    f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+                    f"--initial-cluster=gpuproof=http://127.0.0.1:{p['etcd-peer']}",
+                    "--unsafe-no-fsync=true", "--quota-backend-bytes=4294967296", "--log-level=warn"]
+        if comp == "kube-apiserver":
+            return [exe, "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                    f"--secure-port={p['kube-apiserver']}",
+                    f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+                    f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
+                    f"--client-ca-file={pk / 'ca.crt'}",
+                    f"--service-account-key-file={pk / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pk / 'sa.key'}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    "--service-cluster-ip-range=10.96.0.0/16",
+                    "--authorization-mode=Node,RBAC",
+                    "--enable-admission-plugins=NodeRestriction,ResourceQuota,LimitRanger,Priority",
+                    "--allow-privileged=true", "--profiling=false", "--v=1"]
+        if comp in ("kube-controller-manager", "kube-scheduler"):
+            args = [exe, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
+                    f"--secure-port={p[comp]}", "--leader-elect=false", "--profiling=false", "--v=1"]
+            if comp == "kube-controller-manager":
+                args += [f"--service-account-private-key-file={pk / 'sa.key'}", f"--root-ca-file={pk / 'ca.crt'}",
+                         f"--cluster-signing-cert-file={pk / 'ca.crt'}",
+                         f"--cluster-signing-key-file={pk / 'ca.key'}",
+                         "--use-service-account-credentials=false", "--concurrent-gc-syncs=20",
+                         "--kube-api-qps=200", "--kube-api-burst=400"]
+            else:
+                args += ["--kube-api-qps=200", "--kube-api-burst=400"]
+            return args
+        if comp == "kwok":
+            return [exe, f"--kubeconfig={kc}", f"--config={self.dir / 'kwok.yaml'}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                    f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
+                    "--cidr=10.244.0.0/16", "--node-ip=10.240.0.1"]
+        raise ValueError(comp)
+
+    def _spawn(self, comp: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.log(comp), "ab")
+        try:
+            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, cwd=self.dir)
+        finally:
+            log.close()
+
+    def _wait_healthy(self, comp: str, state: State, deadline: float) -> None:
+        base = state.base_port
+        urls = {
+            "etcd": f"http://127.0.0.1:{base + PORTS['etcd']}/health",
+            "kube-apiserver": f"{state.api_url}/readyz",
+            "kube-controller-manager": f"https://127.0.0.1:{base + PORTS['kube-controller-manager']}/healthz",
+            "kube-scheduler": f"https://127.0.0.1:{base + PORTS['kube-scheduler']}/healthz",
+            "kwok": f"http://127.0.0.1:{base + PORTS['kwok']}/healthz",
+        }
+        url = urls[comp]
+        ctx = self._ssl_context(client=comp == "kube-apiserver")
+        delay = 0.05
+        last = ""
+        while True:
+            if not _alive(state.pids[comp], state.exes[comp]):
+                raise ControlPlaneError(f"{comp} exited while starting. Last lines of {self.log(comp)}:\n"
+                                        + _tail_file(self.log(comp)))
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=ctx if url.startswith("https") else None) as r:
+                    if r.status == 200:
+                        return
+                    last = f"HTTP {r.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(getattr(exc, "reason", exc))
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"timed out waiting for {comp} to report healthy at {url} (last answer: "
+                                        f"{last}). Last lines of {self.log(comp)}:\n" + _tail_file(self.log(comp)))
+            # a component's health endpoint has no watch; poll it with a short, growing interval
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def _api_ready(self, state: State, timeout: float) -> bool:
+        try:
+            with urllib.request.urlopen(f"{state.api_url}/readyz", timeout=timeout,
+                                        context=self._ssl_context(client=True)) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ssl.SSLError):
+            return False
+
+    def _ssl_context(self, client: bool) -> ssl.SSLContext:
+        pk = self.dir / "pki"
+        if client and (pk / "ca.crt").exists():
+            ctx = ssl.create_default_context(cafile=str(pk / "ca.crt"))
+            ctx.load_cert_chain(str(pk / "admin.crt"), str(pk / "admin.key"))
+            return ctx
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE      # component self-signed health endpoints on loopback
+        return ctx
+
+
+def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    delay = 0.02
+    while _alive(pid, exe):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(delay)          # waiting for a process we do not parent to exit: poll /proc
+        delay = min(delay * 2, 0.2)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _tail_file(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _ignore_404(fn, *args):
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return fn(*args)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def _parallel(fn, items, workers: int = 16):
+    with cf.ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
