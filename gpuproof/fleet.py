@@ -224,6 +224,8 @@ class Pool:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": "amd64",
                 "type": "kwok",
                 POOL_LABEL: self.instance_type or self.name,
                 **self.gpu_labels(),
@@ -244,8 +246,14 @@ class Pool:
                     "nodeInfo": {
                         "architecture": "amd64",
                         "operatingSystem": "linux",
+                        "osImage": "kwok simulated node",
+                        "kernelVersion": "",
                         "kubeletVersion": "fake",
                         "kubeProxyVersion": "fake",
+                        "containerRuntimeVersion": "",
+                        "machineID": "",
+                        "systemUUID": "",
+                        "bootID": "",
                     },
                 },
             }

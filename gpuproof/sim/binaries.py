@@ -179,7 +179,7 @@ def build(names: list[str] | None = None, progress=None, force: bool = False) ->
             tmp = out.parent / f".tmp-{module}-{os.getpid()}"
             tmp.mkdir(exist_ok=True)
             cmd = [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", LDFLAGS[module], "-o", str(tmp) + "/", *pkgs]
-            env = {**os.environ, "CGO_ENABLED": "0"}
+            env = dict(os.environ)
             proc = subprocess.run(cmd, cwd=MODULES_DIR / module, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)

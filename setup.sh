@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Set up gpuproof on this machine: a Python virtualenv in .venv with gpuproof installed (editable),
+# and the embedded cluster's control plane (built once from the pinned Go modules into
+# ~/.cache/gpuproof, or taken from $GPUPROOF_BIN_DIR / $KUBEBUILDER_ASSETS / PATH).
+# Idempotent: a second run takes seconds.
+#
+#   ./setup.sh                 Python env + control plane
+#   ./setup.sh --with-browser  also Debian's chromium (the report tests render HTML in it)
+set -euo pipefail
+cd "$(dirname "$0")"
+with_browser=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-browser) with_browser=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup.sh: gpuproof needs Python 3.10 or newer ($PY is $("$PY" --version 2>&1))" >&2; exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  "$PY" -m venv .venv
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+echo "[setup] installing gpuproof and its dependencies into .venv (torch is large the first time)"
+.venv/bin/python -m pip install -q -e .
+
+if [ "$with_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "[setup] installing chromium (Debian package) for the report tests"
+  if [ "$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+echo "[setup] control plane (first build takes 10-15 minutes on 2 cores, then it is cached)"
+.venv/bin/gpuproof sim build

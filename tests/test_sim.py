@@ -1,0 +1,127 @@
+"""The embedded cluster: a real control plane whose scheduler places pods on kwok GPU nodes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from gpuproof.errors import ControlPlaneError
+from gpuproof.fleet import load_fleet
+from gpuproof.sim.controlplane import PORTS, SimCluster, find_free_base
+
+pytestmark = pytest.mark.sim
+
+TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+def pod(name: str, limits: dict | None = None, tolerate: bool = True, **spec) -> dict:
+    container = {"name": "main", "image": "registry.invalid/none:1"}
+    if limits:
+        container["resources"] = {"limits": limits}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [container], **({"tolerations": TOLERATE_GPU} if tolerate else {}), **spec}}
+
+
+def test_gpu_pod_is_scheduled_on_a_gpu_node_and_runs(run_in):
+    run_in.apply(pod("one-gpu", {"nvidia.com/gpu": "1"}))
+    p = run_in.wait_running("one-gpu", timeout=60)
+    assert p.spec.node_name in {"a100-0", "a100-1", "l4-shared-0"}
+
+
+def test_pod_asking_too_many_gpus_stays_pending_with_insufficient_event(run_in):
+    run_in.apply(pod("sixteen", {"nvidia.com/gpu": "16"}))
+    ev = run_in.wait_event("sixteen", "FailedScheduling", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in ev.message
+    assert run_in.pod("sixteen").status.phase == "Pending"
+    assert run_in.pod("sixteen").spec.node_name is None
+
+
+def test_mig_pod_lands_only_on_the_mig_node(run_in):
+    for i in range(3):
+        run_in.apply(pod(f"mig-{i}", {"nvidia.com/mig-1g.10gb": "1"}))
+    for i in range(3):
+        assert run_in.wait_running(f"mig-{i}").spec.node_name == "h100-mig-0"
+
+
+def test_untolerating_pod_never_lands_on_tainted_gpu_nodes(run_in):
+    run_in.apply(pod("plain", tolerate=False))
+    assert run_in.wait_running("plain").spec.node_name == "cpu-0"
+
+
+def test_job_pods_complete(run_in):
+    run_in.apply({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job"},
+                  "spec": {"backoffLimit": 0, "template": {"spec": {
+                      "restartPolicy": "Never", "tolerations": TOLERATE_GPU,
+                      "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    done = run_in.wait_pods(lambda c: [p for p in c.values() if p.status.phase == "Succeeded"] or None,
+                            timeout=60, what="the Job's pod to succeed")
+    assert done[0].metadata.labels["gpuproof.dev/run"] == run_in.run_id
+
+
+@pytest.mark.parametrize("pool", ["a100", "h100-mig", "l4-shared", "cpu"])
+def test_api_nodes_carry_exactly_the_fleet_advertisement(embedded, pool):
+    """What the API serves (after kwok initialised the nodes) is exactly what the fleet asked for."""
+    expected = {n["metadata"]["name"]: n for n in load_fleet("mixed").pool(pool).node_objects()}
+    for name, want in expected.items():
+        got = embedded.client.api.sanitize_for_serialization(embedded.client.core.read_node(name))
+        assert got["status"]["capacity"] == want["status"]["capacity"]
+        assert got["status"]["allocatable"] == want["status"]["allocatable"]
+        assert got["metadata"]["labels"] == want["metadata"]["labels"]
+        assert got["spec"].get("taints", []) == want["spec"]["taints"]
+
+
+def _values(resources: dict) -> dict:
+    from kubernetes.utils import parse_quantity
+
+    return {k: parse_quantity(v) for k, v in resources.items()}
+
+
+def test_up_twice_is_harmless(embedded):
+    before = embedded.sim.load_state().pids
+    embedded.sim.up(load_fleet("mixed"))
+    assert embedded.sim.load_state().pids == before
+    assert embedded.sim.status()["running"]
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    base = find_free_base()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", base + PORTS["etcd"]))
+        s.listen()
+        with pytest.raises(ControlPlaneError, match=rf"port {base + 1} \(etcd\) on 127.0.0.1 is in use"):
+            SimCluster(tmp_path / "s", base_port=base).up(load_fleet("minimal"))
+    assert not (tmp_path / "s" / "state.json").exists()
+
+
+def test_dead_leftover_is_cleaned_up_and_restarted(tmp_path):
+    sim = SimCluster(tmp_path / "s", base_port=find_free_base())
+    sim.up(load_fleet("minimal"))
+    try:
+        import os
+        import signal
+
+        st = sim.load_state()
+        os.kill(st.pids["kube-apiserver"], signal.SIGKILL)
+        status = sim.status()
+        assert not status["running"] and status["components"]["kube-apiserver"] == "dead"
+        sim.up(load_fleet("minimal"))
+        assert sim.status()["running"]
+        assert sim.load_state().pids["kube-apiserver"] != st.pids["kube-apiserver"]
+    finally:
+        sim.down()
+    assert not (tmp_path / "s").exists()
+
+
+def test_malformed_fleet_starts_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools:\n  - name: a\n    gpu: {product: NVIDIA-L4, count: lots}\n")
+    state = tmp_path / "state"
+    proc = subprocess.run([sys.executable, "-m", "gpuproof.cli", "sim", "up", "--fleet", str(bad),
+                           "--state-dir", str(state), "--port", "auto"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "pools[0].gpu.count: must be a whole number" in proc.stderr
+    assert str(bad) in proc.stderr
+    assert not state.exists()
