@@ -175,26 +175,35 @@ class Run:
         return ",".join(f"{k}={v}" for k, v in self.labels.items())
 
     def create(self, progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> None:
-        ns = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=self.namespace, labels=dict(self.labels)))
+        self._make_namespace(self.namespace, timeout)
+        if progress:
+            progress(f"run namespace {self.namespace}")
+
+    def create_namespace(self, suffix: str, timeout: float = 60.0) -> str:
+        """One more namespace for this run (for checks that must not affect the rest, e.g. quotas)."""
+        name = f"{self.namespace}-{suffix}"[:63].rstrip("-")
+        self._make_namespace(name, timeout)
+        return name
+
+    def _make_namespace(self, name: str, timeout: float) -> None:
+        ns = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=dict(self.labels)))
         try:
             self.cluster.core.create_namespace(ns)
         except ApiException as exc:
-            raise _api_error(exc, f"create the run namespace {self.namespace}") from None
-        if progress:
-            progress(f"run namespace {self.namespace}")
+            raise _api_error(exc, f"create the run namespace {name}") from None
         # pods cannot be created before the service-account controller made the default account
         watch_until(self.cluster.core.list_namespaced_service_account, lambda c: "default" in c, timeout,
-                    f"the default ServiceAccount in namespace {self.namespace}", namespace=self.namespace)
+                    f"the default ServiceAccount in namespace {name}", namespace=name)
 
     # ---------------------------------------------------------------- objects
 
-    def stamp(self, manifest: dict) -> dict:
-        """The manifest with the run's labels added to it (and to its pod template), in the run namespace."""
+    def stamp(self, manifest: dict, namespace: str | None = None) -> dict:
+        """The manifest with the run's labels added to it (and to its pod template), in a run namespace."""
         m = dict(manifest)
         meta = dict(m.get("metadata") or {})
         meta["labels"] = {**(meta.get("labels") or {}), **self.labels}
         if m.get("kind") not in CLUSTER_SCOPED:
-            meta["namespace"] = self.namespace
+            meta["namespace"] = namespace or self.namespace
         m["metadata"] = meta
         tmpl = (m.get("spec") or {}).get("template")
         if isinstance(tmpl, dict):
@@ -205,18 +214,18 @@ class Run:
             m["spec"] = spec
         return m
 
-    def apply(self, manifest: dict) -> Any:
+    def apply(self, manifest: dict, namespace: str | None = None) -> Any:
         """Create one object (stamped with the run's labels). Returns the created object."""
-        m = self.stamp(manifest)
+        m = self.stamp(manifest, namespace)
         try:
             created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
         except k8s_utils.FailToCreateError as exc:
             raise _api_error(exc.api_exceptions[0], f"create {m['kind']} {m['metadata'].get('name')}") from None
         return created[0] if isinstance(created, list) and len(created) == 1 else created
 
-    def try_apply(self, manifest: dict) -> tuple[Any, ApiException | None]:
+    def try_apply(self, manifest: dict, namespace: str | None = None) -> tuple[Any, ApiException | None]:
         """Like apply, but an API refusal (quota, validation) is returned instead of raised."""
-        m = self.stamp(manifest)
+        m = self.stamp(manifest, namespace)
         try:
             created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
             return created[0], None
@@ -282,29 +291,23 @@ class Run:
 
     def cleanup(self, wait: bool = True, timeout: float = 120.0,
                 progress: Callable[[str], None] | None = None) -> None:
-        """Delete the run namespace and the run's cluster-scoped objects. Idempotent."""
+        """Delete the run's namespaces and cluster-scoped objects (found by the run label). Idempotent."""
         core, sched = self.cluster.core, self.cluster.scheduling
         for pc in sched.list_priority_class(label_selector=self.selector).items:
             with contextlib.suppress(ApiException):
                 sched.delete_priority_class(pc.metadata.name)
-        try:
-            ns = core.read_namespace(self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                self._cleaned = True
-                return
-            raise
-        if (ns.metadata.labels or {}).get(RUN_LABEL) != self.run_id:
-            raise ClusterError(f"namespace {self.namespace} does not carry our run label; not deleting it")
-        if progress:
-            progress(f"deleting run namespace {self.namespace}")
-        with contextlib.suppress(ApiException):
-            core.delete_namespace(self.namespace, propagation_policy="Background")
-        if wait:
-            watch_until(core.list_namespace, lambda c: self.namespace not in c or None, timeout,
-                        f"namespace {self.namespace} to be deleted",
-                        describe=lambda c: _describe_ns(c.get(self.namespace)),
-                        field_selector=f"metadata.name={self.namespace}")
+        names = [ns.metadata.name for ns in core.list_namespace(label_selector=self.selector).items
+                 if (ns.metadata.labels or {}).get(RUN_LABEL) == self.run_id]
+        for name in names:
+            if progress:
+                progress(f"deleting run namespace {name}")
+            with contextlib.suppress(ApiException):
+                core.delete_namespace(name, propagation_policy="Background")
+        if wait and names:
+            watch_until(core.list_namespace, lambda c: not (set(names) & set(c)) or None, timeout,
+                        f"namespaces {', '.join(names)} to be deleted",
+                        describe=lambda c: "; ".join(f"{n}: {_describe_ns(c.get(n))}" for n in names if n in c),
+                        label_selector=self.selector)
         self._cleaned = True
 
 

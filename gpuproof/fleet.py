@@ -279,10 +279,23 @@ def _apply_fault(node: dict, fault: Fault) -> None:
 
 
 @dataclasses.dataclass
+class ControlPlane:
+    """Deliberately broken control-plane settings (gpuproof's own tests use them to show that
+    the quota, preemption, taint and affinity checks fail on a cluster where those features are off)."""
+
+    disable_admission_plugins: list[str] = dataclasses.field(default_factory=list)
+    disable_scheduler_plugins: list[str] = dataclasses.field(default_factory=list)
+
+    def key(self) -> str:
+        return ",".join(sorted(self.disable_admission_plugins)) + "|" + ",".join(sorted(self.disable_scheduler_plugins))
+
+
+@dataclasses.dataclass
 class Fleet:
     name: str
     pools: list[Pool]
     source: str = ""
+    control_plane: ControlPlane = dataclasses.field(default_factory=ControlPlane)
 
     def node_objects(self) -> list[dict]:
         return [n for p in self.pools for n in p.node_objects()]
@@ -521,6 +534,16 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
     if not isinstance(defaults, dict):
         top.fail("defaults", f"must be a mapping, got {_kind(defaults)}")
     pools_raw = top.get("pools", required=True)
+    cp = ControlPlane()
+    cp_f = top.mapping("controlPlane")
+    if cp_f:
+        cp.disable_admission_plugins = cp_f.str_list("disableAdmissionPlugins")
+        cp.disable_scheduler_plugins = cp_f.str_list("disableSchedulerPlugins")
+        cp_f.done()
+        for i, name in enumerate(cp.disable_admission_plugins + cp.disable_scheduler_plugins):
+            if not re.match(r"^[A-Za-z][A-Za-z0-9]*$", name):
+                cp_f.fail("disableAdmissionPlugins" if i < len(cp.disable_admission_plugins)
+                          else "disableSchedulerPlugins", f"{name!r} is not a plugin name")
     top.done()
     if not isinstance(pools_raw, list) or not pools_raw:
         top.fail("pools", "must be a non-empty list of node pools")
@@ -539,7 +562,7 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         pools.append(pool)
     if sum(p.count for p in pools) == 0:
         top.fail("pools", "the fleet has no nodes (every count is 0)")
-    return Fleet(name=name, pools=pools, source=source)
+    return Fleet(name=name, pools=pools, source=source, control_plane=cp)
 
 
 def load_fleet(path: str | os.PathLike) -> Fleet:

@@ -43,6 +43,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="node label that names node pools (default: the first of the common cloud labels)")
     g.addoption("--strict-taints", action="store_true",
                 help="fail (rather than warn) when a GPU node has no NoSchedule taint")
+    g.addoption("--shared-requests-refused", default=None, metavar="POOLS",
+                help="pools (comma-separated, or 'all') whose time-slicing has failRequestsGreaterThanOne; "
+                     "on the embedded cluster the fleet says so")
     g.addoption("--timeout-scale", type=float, default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
                 help="multiply every wait's deadline (slow clusters)")
 
@@ -140,6 +143,19 @@ class Target:
             self._discovery = discover(nodes, pool_label=self.config.getoption("--pool-label"))
         return self._discovery
 
+    def shared_requests_refused(self, node) -> bool | None:
+        """Whether the node's device plugin refuses shared requests > 1 (None: unknown)."""
+        if self.fleet is not None and node.simulated:
+            try:
+                ts = self.fleet.pool(node.name.rsplit("-", 1)[0]).time_slicing
+            except KeyError:
+                return None
+            return bool(ts and ts.fail_requests_greater_than_one)
+        opt = self.config.getoption("--shared-requests-refused")
+        if not opt:
+            return None
+        return opt == "all" or node.pool in {p.strip() for p in opt.split(",")}
+
     def write_inventory(self) -> None:
         if self.cluster is None or self._run_dir is None:
             return
@@ -213,7 +229,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One test per discovered GPU node (``gpu_node``) or pool (``gpu_pool``)."""
-    wanted = [f for f in ("gpu_node", "gpu_pool") if f in metafunc.fixturenames]
+    wanted = [f for f in ("gpu_node", "gpu_pool", "gpu_product") if f in metafunc.fixturenames]
     if not wanted:
         return
     t = get_target(metafunc.config)
@@ -240,6 +256,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         else:
             metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(
                 reason="no GPU pools in the cluster"))], ids=["none"])
+    if "gpu_product" in wanted:
+        products = sorted({n.product for n in d.gpu_nodes if n.product and (select is None or select(n))})
+        if products:
+            metafunc.parametrize("gpu_product", products, ids=products)
+        else:
+            metafunc.parametrize("gpu_product", [pytest.param(None, marks=pytest.mark.skip(
+                reason="no labelled GPU products in the cluster"))], ids=["none"])
 
 
 class Pool:
@@ -296,6 +319,16 @@ def discovery(target):
 @pytest.fixture(scope="session")
 def gpu_products(discovery) -> dict[str, list[str]]:
     return discovery.products
+
+
+@pytest.fixture
+def scratch(run, target):
+    """Pods for one test, deleted when it ends (so the next test finds the GPUs free)."""
+    from .suite import Scratch
+
+    s = Scratch(run, timeout=target.timeout(120))
+    yield s
+    s.close()
 
 
 @pytest.fixture

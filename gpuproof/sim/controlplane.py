@@ -33,7 +33,7 @@ from typing import Callable
 import yaml
 
 from ..errors import ControlPlaneError
-from ..fleet import KWOK_ANNOTATION, Fleet
+from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet
 from . import binaries as _binaries
 from .pki import make_pki
 from .stages import kwok_config
@@ -96,6 +96,7 @@ class State:
     fleet_name: str = ""
     started: float = 0.0
     kube_version: str = ""
+    control_plane: str = "|"        # ControlPlane.key() of the settings the processes run with
 
     @property
     def api_url(self) -> str:
@@ -108,6 +109,7 @@ class SimCluster:
     def __init__(self, state_dir: str | os.PathLike | None = None, base_port: int | None = None):
         self.dir = Path(state_dir) if state_dir else default_state_dir()
         self.base_port = base_port
+        self._control_plane = ControlPlane()
 
     # ------------------------------------------------------------------ paths
 
@@ -157,6 +159,10 @@ class SimCluster:
         if current["running"]:
             state = self.load_state()
             progress(f"embedded cluster already running ({state.api_url}); kubeconfig {self.kubeconfig}")
+            if fleet is not None and fleet.control_plane.key() != state.control_plane:
+                progress("the running cluster has other control-plane settings than this fleet: restarting it")
+                self.down(progress=_quiet)
+                return self.up(fleet, progress=progress, timeout=timeout, binaries=binaries)
             if fleet is not None and state.fleet != (fleet.source or fleet.name):
                 self.load_fleet(fleet, progress=progress, timeout=timeout)
             return self.kubeconfig
@@ -179,9 +185,12 @@ class SimCluster:
         (self.dir / "logs").mkdir(parents=True)
         pki = make_pki(self.dir / "pki")
         self._write_kubeconfig(base, pki)
+        cp = fleet.control_plane if fleet is not None else ControlPlane()
         state = State(base_port=base, pids={}, exes={}, started=time.time(),
-                      kube_version=_binaries.version_of(bins["kube-apiserver"]))
+                      kube_version=_binaries.version_of(bins["kube-apiserver"]), control_plane=cp.key())
         (self.dir / "kwok.yaml").write_text(kwok_config(fleet))
+        self._write_scheduler_config(cp)
+        self._control_plane = cp
         try:
             for comp in START_ORDER:
                 progress(f"starting {comp}")
@@ -226,6 +235,10 @@ class SimCluster:
         state = self.load_state()
         if state is None:
             raise ControlPlaneError("the embedded cluster is not running")
+        if fleet.control_plane.key() != state.control_plane:
+            raise ControlPlaneError(
+                f"fleet {fleet.name!r} needs other control-plane settings than the running cluster has; "
+                "stop it (gpuproof sim down) and start it with this fleet")
         t0 = time.monotonic()
         client = connect(kubeconfig=str(self.kubeconfig))
         core = client.core
@@ -290,20 +303,26 @@ class SimCluster:
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     "--service-cluster-ip-range=10.96.0.0/16",
                     "--authorization-mode=Node,RBAC",
-                    "--enable-admission-plugins=NodeRestriction,ResourceQuota,LimitRanger,Priority",
+                    "--enable-admission-plugins=" + ",".join(
+                        p for p in ("NodeRestriction", "ResourceQuota", "LimitRanger", "Priority")
+                        if p not in self._control_plane.disable_admission_plugins),
+                    *([f"--disable-admission-plugins={','.join(self._control_plane.disable_admission_plugins)}"]
+                      if self._control_plane.disable_admission_plugins else []),
                     "--allow-privileged=true", "--profiling=false", "--v=1"]
         if comp in ("kube-controller-manager", "kube-scheduler"):
             args = [exe, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
                     f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1",
                     f"--secure-port={p[comp]}", "--leader-elect=false", "--profiling=false", "--v=1"]
+            if comp == "kube-scheduler":
+                return [exe, f"--config={self.dir / 'scheduler.yaml'}", f"--authentication-kubeconfig={kc}",
+                        f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1", f"--secure-port={p[comp]}",
+                        "--profiling=false", "--v=1"]
             if comp == "kube-controller-manager":
                 args += [f"--service-account-private-key-file={pk / 'sa.key'}", f"--root-ca-file={pk / 'ca.crt'}",
                          f"--cluster-signing-cert-file={pk / 'ca.crt'}",
                          f"--cluster-signing-key-file={pk / 'ca.key'}",
                          "--use-service-account-credentials=false", "--concurrent-gc-syncs=20",
                          "--kube-api-qps=200", "--kube-api-burst=400"]
-            else:
-                args += ["--kube-api-qps=200", "--kube-api-burst=400"]
             return args
         if comp == "kwok":
             return [exe, f"--kubeconfig={kc}", f"--config={self.dir / 'kwok.yaml'}",
@@ -312,6 +331,15 @@ class SimCluster:
                     f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
                     "--cidr=10.244.0.0/16", "--node-ip=10.240.0.1"]
         raise ValueError(comp)
+
+    def _write_scheduler_config(self, cp: ControlPlane) -> None:
+        profile: dict = {"schedulerName": "default-scheduler"}
+        if cp.disable_scheduler_plugins:
+            profile["plugins"] = {"multiPoint": {"disabled": [{"name": n} for n in cp.disable_scheduler_plugins]}}
+        cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+               "clientConnection": {"kubeconfig": str(self.kubeconfig), "qps": 200, "burst": 400},
+               "leaderElection": {"leaderElect": False}, "profiles": [profile]}
+        (self.dir / "scheduler.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     def _spawn(self, comp: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log(comp), "ab")

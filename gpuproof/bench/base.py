@@ -1,0 +1,288 @@
+"""The benchmark registry and what every benchmark shares.
+
+A benchmark is a registered class (SuperBench style) with
+
+- ``name``, ``description`` and ``defaults`` (parameters for a GPU) plus
+  ``cpu_defaults`` (smaller ones when it runs on the CPU) and ``ci_params`` (the small
+  sizes suites use on the embedded cluster);
+- ``run_local(params) -> dict``: runs the workload script on this host, as a
+  subprocess, exactly as a user would (``python workloads/<x>.py ...``), and returns its
+  JSON result (with the raw utilization samples under ``"samples"``);
+- ``to_records(result, node=, product=) -> list[MetricRecord]``: long-format records;
+- ``manifests(params, labels=, namespace=, ...) -> list[dict]`` and
+  ``run_in_cluster(run, params, ...)``: the same workload in a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from ..errors import GpuproofError, WaitTimeout
+from ..results import MetricRecord
+from .. import workloads as wl
+
+REGISTRY: dict[str, type["Benchmark"]] = {}
+
+
+def register(cls: type["Benchmark"]) -> type["Benchmark"]:
+    if not cls.name or cls.name in REGISTRY:
+        raise ValueError(f"benchmark name {cls.name!r} missing or taken")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> "Benchmark":
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise GpuproofError(f"unknown benchmark {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+# ------------------------------------------------------------------ running workload scripts
+
+
+class WorkloadProcess:
+    """A workload script running as a child process, stderr kept (tail) and optionally echoed."""
+
+    def __init__(self, script: str, args: list[str], env: dict | None = None, echo: bool = False):
+        self.script = script
+        self.cmd = [sys.executable, str(wl.workloads_dir() / f"{script}.py"), *map(str, args)]
+        self.echo = echo
+        self.stderr_tail: list[str] = []
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self._stdout: list[str] = []
+        self._threads = [threading.Thread(target=self._pump_err, daemon=True),
+                         threading.Thread(target=self._pump_out, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _pump_err(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail = (self.stderr_tail + [line.rstrip("\n")])[-40:]
+            if self.echo:
+                print(f"  [{self.script}] {line}", end="", file=sys.stderr, flush=True)
+
+    def _pump_out(self) -> None:
+        for line in self.proc.stdout:
+            self._stdout.append(line)
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def wait(self, timeout: float) -> dict:
+        """Wait for the script to end and return its JSON result (GpuproofError if it has none)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.proc.wait()
+            raise WaitTimeout(f"{self.script} did not finish within {timeout:.0f}s; last output:\n"
+                              + "\n".join(self.stderr_tail[-15:])) from None
+        for t in self._threads:
+            t.join(timeout=5)
+        out = "".join(self._stdout)
+        try:
+            result = wl.parse_result(out, what=self.script)
+        except GpuproofError:
+            raise GpuproofError(f"{' '.join(self.cmd[1:])} exited with status {self.proc.returncode} and "
+                                f"no JSON result; its last messages:\n" + "\n".join(self.stderr_tail[-15:])) \
+                from None
+        result.setdefault("exit_code", self.proc.returncode)
+        if self.proc.returncode not in (0, 1):
+            msg = result.get("error") or "\n".join(self.stderr_tail[-10:])
+            raise GpuproofError(f"{self.script} failed (exit {self.proc.returncode}): {msg}")
+        return result
+
+    def __enter__(self) -> "WorkloadProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                self.proc.wait()
+
+
+def run_workload(script: str, args: list[str], timeout: float = 3600, env: dict | None = None,
+                 echo: bool = False) -> dict:
+    with WorkloadProcess(script, args, env=env, echo=echo) as p:
+        return p.wait(timeout)
+
+
+def read_samples(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def flag_args(params: dict, mapping: dict[str, str]) -> list[str]:
+    """CLI flags for the parameters that are set: {"iters": "--iters"} -> ["--iters", "50"]."""
+    out: list[str] = []
+    for key, flag in mapping.items():
+        value = params.get(key)
+        if value is None or value is False or value == "":
+            continue
+        if value is True:
+            out.append(flag)
+        else:
+            out += [flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
+    return out
+
+
+# ------------------------------------------------------------------ the base class
+
+
+class Benchmark:
+    name: ClassVar[str] = ""
+    script: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    defaults: ClassVar[dict] = {}
+    cpu_defaults: ClassVar[dict] = {}
+    ci_params: ClassVar[dict] = {}
+    flags: ClassVar[dict] = {}          # parameter -> workload CLI flag
+    timeout_s: ClassVar[float] = 3600.0
+
+    def params(self, overrides: dict | None = None, device: str = "auto") -> dict:
+        """Defaults, then CPU defaults when running on the CPU, then the caller's overrides."""
+        p = dict(self.defaults)
+        p["device"] = device
+        if device == "cpu":
+            p.update(self.cpu_defaults)
+        p.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return p
+
+    def workload_args(self, params: dict) -> list[str]:
+        return flag_args(params, self.flags)
+
+    # -- local
+    def run_local(self, params: dict, echo: bool = False) -> dict:
+        with tempfile.TemporaryDirectory(prefix=f"gpuproof-{self.name}-") as tmp:
+            samples = os.path.join(tmp, "samples.jsonl")
+            args = self.workload_args(params) + ["--samples-out", samples]
+            result = run_workload(self.script, args, timeout=self.timeout_s, echo=echo)
+            result["samples"] = read_samples(samples)
+        return result
+
+    # -- records
+    def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
+        raise NotImplementedError
+
+    def record(self, metric: str, value: Any, unit: str, params: dict, node: str, product: str) -> MetricRecord | None:
+        if value is None:
+            return None
+        if isinstance(value, bool):
+            value = 1.0 if value else 0.0
+        return MetricRecord(self.name, metric, float(value), unit, dict(params), node=node, product=product)
+
+    @staticmethod
+    def product_of(result: dict, product: str) -> str:
+        return product or result.get("device_name") or result.get("device") or ""
+
+    # -- in a cluster
+    def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
+                  node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1) -> list[dict]:
+        pod = wl.workload_pod(name, self.script, self.workload_args(params), labels=labels, namespace=namespace,
+                              image=image, gpus=gpus, product=product, node=node)
+        return [pod]
+
+    def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
+                       image: str = wl.DEFAULT_IMAGE, timeout: float | None = None) -> dict:
+        """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result."""
+        name = pod_name(self.name, product)
+        ensure_configmap(run)
+        objs = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name, product=product,
+                              node=node, image=image, gpus=gpus)
+        with applied(run, objs):
+            run.wait_pod_done(name, timeout=timeout or self.timeout_s)
+            return wl.parse_result(run.pod_logs(name), what=f"{self.name} pod {run.namespace}/{name}")
+
+
+# ------------------------------------------------------------------ cluster helpers
+
+
+def pod_name(bench: str, product: str, suffix: str = "") -> str:
+    """A DNS-safe, short pod name for a benchmark on a product: 'bench-matmul-nvidia-h100-80gb-hbm3'."""
+    import re
+
+    slug = re.sub(r"[^a-z0-9]+", "-", (product or "local").lower()).strip("-")
+    base = f"bench-{bench}-{slug}"[: 50 - len(suffix)].rstrip("-")
+    return base + suffix
+
+
+def ensure_configmap(run) -> None:
+    """Create the workloads ConfigMap in the run namespace once (an existing one is kept)."""
+    obj, err = run.try_apply(wl.configmap(labels=run.labels, namespace=run.namespace))
+    if err is not None and getattr(err, "status", None) != 409:
+        raise GpuproofError(f"could not create the workloads ConfigMap: HTTP {err.status}: {err.reason}")
+
+
+def delete_object(run, manifest: dict) -> None:
+    """Delete one object we created (errors ignored: the run namespace goes at cleanup anyway)."""
+    kind, name, ns = manifest["kind"], manifest["metadata"]["name"], run.namespace
+    c = run.cluster
+    calls: dict[str, Callable[[], Any]] = {
+        "Pod": lambda: c.core.delete_namespaced_pod(name, ns, grace_period_seconds=0),
+        "Service": lambda: c.core.delete_namespaced_service(name, ns),
+        "ConfigMap": lambda: c.core.delete_namespaced_config_map(name, ns),
+        "Deployment": lambda: c.apps.delete_namespaced_deployment(name, ns, propagation_policy="Background"),
+        "Job": lambda: c.batch.delete_namespaced_job(name, ns, propagation_policy="Background"),
+    }
+    with contextlib.suppress(Exception):
+        calls[kind]()
+
+
+@contextlib.contextmanager
+def applied(run, manifests: list[dict]):
+    """Create the objects, yield, then delete them (so GPUs are free for the next benchmark)."""
+    done: list[dict] = []
+    try:
+        for m in manifests:
+            run.apply(m)
+            done.append(m)
+        yield done
+    finally:
+        for m in reversed(done):
+            delete_object(run, m)
+
+
+def pod_ready(pod) -> bool:
+    for cond in (pod.status.conditions or []) if pod.status else []:
+        if cond.type == "Ready":
+            return cond.status == "True"
+    return False
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``predicate`` until truthy; WaitTimeout naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,83 @@
+"""What the bench suites (suites/test_bench_*.py) share.
+
+- On the embedded cluster (kwok nodes: pods never execute) a benchmark runs locally on
+  the CPU at small sizes (``Benchmark.ci_params``), recorded with node ``local``.
+- On a real cluster it runs once per GPU product, on the first node of that product,
+  in a pod of the stock PyTorch image; records carry that node and product.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import GpuproofError
+from . import get
+from .benchmarks import run_and_record
+
+IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
+LOADGEN_IMAGE_ENV = "GPUPROOF_LOADGEN_IMAGE"
+
+
+def image() -> str:
+    from ..workloads import DEFAULT_IMAGE
+
+    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def is_simulated(target, discovery=None) -> bool:
+    if getattr(target, "is_embedded", False):
+        return True
+    return bool(discovery is not None and getattr(discovery, "simulated", False))
+
+
+def run_local_cpu(name: str, run_dir, extra: dict | None = None) -> tuple[dict, list]:
+    """The benchmark on this host's CPU at CI sizes; records go to ``run_dir`` with node 'local'."""
+    bench = get(name)
+    params = bench.params({**bench.ci_params, **(extra or {})}, device="cpu")
+    return run_and_record(name, run_dir, params, node="local", product="cpu")
+
+
+def gpus_on(discovery, node_name: str, default: int = 1) -> int:
+    try:
+        return max(1, int(discovery.node(node_name).schedulable_gpus))
+    except Exception:
+        return default
+
+
+def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]], discovery=None,
+                    params: dict | None = None, all_gpus: bool = False,
+                    timeout: float | None = None) -> dict[str, Any]:
+    """Run benchmark ``name`` once per GPU product; returns product -> result or error text."""
+    bench = get(name)
+    out: dict[str, Any] = {}
+    for product, nodes in sorted(gpu_products.items()):
+        if not nodes:
+            continue
+        node = sorted(nodes)[0]
+        gpus = gpus_on(discovery, node) if all_gpus and discovery is not None else 1
+        p = bench.params(params or {}, device="cuda")
+        try:
+            result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, image=image(),
+                                          timeout=timeout)
+        except GpuproofError as exc:
+            out[product] = f"{node}: {exc}"
+            continue
+        result.pop("samples", None)
+        records = bench.to_records(result, node=node, product=product)
+        for r in records:
+            r.parameters.setdefault("run_mode", "cluster")
+        run_dir.add_metrics(records)
+        out[product] = result
+    return out
+
+
+def failures(results: dict[str, Any]) -> list[str]:
+    """Products whose run failed (error text) or whose result says not ok."""
+    bad = []
+    for product, r in results.items():
+        if isinstance(r, str):
+            bad.append(f"{product}: {r}")
+        elif not r.get("ok", False):
+            bad.append(f"{product}: result not ok: {r.get('error') or r.get('problems') or r.get('verdict')}")
+    return bad

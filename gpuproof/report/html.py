@@ -1,0 +1,340 @@
+"""report.html: one run as a self-contained page (inline CSS, JS and SVG plots).
+
+The page loads nothing from the network: its Content-Security-Policy forbids every
+fetch, and errors.js records any script error or blocked fetch into the page, which
+is how the browser test tells a clean render from a broken one.
+"""
+
+from __future__ import annotations
+
+import html
+from importlib import resources
+
+from .. import __version__
+from ..results import utcnow
+from .data import Run, sample_fields
+from .inventory_diff import fleet_table
+from .summary import benchmark_tables, failures_table, matrix_table, run_facts
+from .svg import bar_chart, figure, line_chart
+from .tables import Cell, Table, fmt_bytes, natural_key, shorten
+from .views import (
+    VERDICT_ORDER,
+    Series,
+    allreduce_series,
+    inference_load_axis,
+    inference_series,
+    matmul_bars,
+    problem_checks,
+    skip_reasons,
+)
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+MAX_GPUS = 64            # utilization panels drawn (the rest are listed)
+OPEN_GPUS = 4            # panels open on load
+MAX_POINTS = 600         # points per utilization series (downsampled above)
+
+
+def _asset(name: str) -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+def esc(text: object) -> str:
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+# ------------------------------------------------------------------ sections
+
+def _section(sid: str, title: str, body: str, intro: str = "") -> str:
+    intro_html = f'<p class="note">{esc(intro)}</p>' if intro else ""
+    return f'<section id="{sid}"><h2>{esc(title)}</h2>{intro_html}{body}</section>'
+
+
+def _overview(run: Run) -> str:
+    c = run.check_counts()
+    cards = [("pass", c["pass"], "checks passed"), ("fail", c["fail"], "checks failed"),
+             ("warn", c["warn"], "warnings"), ("skip", c["skip"], "checks skipped")]
+    if run.junit:
+        j = run.junit
+        cards += [("pass", j.passed, "tests passed"), ("fail", j.failed + j.errors, "tests failed / errors"),
+                  ("skip", j.skipped, "tests skipped")]
+    cards.append(("", len(run.metrics), "metric rows"))
+    cards.append(("", run.samples["gpu_key"].nunique() if not run.samples.empty else 0, "GPUs sampled"))
+    body = "".join(f'<div class="card {cls}"><div class="n">{n}</div><div class="l">{esc(label)}</div></div>'
+                   for cls, n, label in cards)
+    return f'<div class="cards">{body}</div>'
+
+
+def _verdict_cells(table: Table, col: int = 0) -> Table:
+    """Turn the verdict column into coloured cells."""
+    for row in table.rows:
+        v = str(row[col]).strip()
+        row[col] = Cell(v, css=f"v-{v}")
+    return table
+
+
+def _failures(run: Run) -> str:
+    fails = problem_checks(run.checks, ("fail", "warn"))
+    problems = run.junit.problems() if run.junit else []
+    if not fails and not problems:
+        return '<div class="ok-box">Nothing failed.</div>'
+    parts = []
+    if fails:
+        t = failures_table(fails, html=True)
+        parts.append('<div class="scroll">' + t.to_html() + "</div>")
+    if problems:
+        t = Table(["outcome", "pytest test", "message"])
+        for c in problems:
+            t.add(Cell(c.outcome, css="v-fail"), Cell(c.id, css="code"), Cell(shorten(c.message, 400), title=c.detail))
+        parts.append("<h3>pytest failures and errors</h3>" + t.to_html())
+    return "".join(parts)
+
+
+def _matrix(run: Run) -> str:
+    t = matrix_table(run, icons=False)
+    for row in t.rows:
+        for i in range(1, len(row)):
+            text = str(row[i])
+            worst = next((v for v in ("fail", "warn", "skip", "pass") if v in text), "")
+            row[i] = Cell(text, css=f"v-{worst}" if worst else "")
+    t.css = "matrix"
+    return t.to_html(sortable=False)
+
+
+def _checks(run: Run) -> str:
+    t = Table(["verdict", "feature", "check", "target", "pool", "product", "expected", "actual", "message"])
+    for r in sorted(run.checks.to_dict("records"),
+                    key=lambda r: (VERDICT_ORDER.index(r["verdict"]) if r["verdict"] in VERDICT_ORDER else 9,
+                                   r["feature"], r["check"], natural_key(r["target"]))):
+        t.add(r["verdict"], r["feature"], r["check"], r["target"], r["pool"], r["product"],
+              Cell(shorten(r["expected"], 200), css="code", title=r["expected"]),
+              Cell(shorten(r["actual"], 200), css="code", title=r["actual"]), shorten(r["message"], 300))
+    filters = ('<div class="filters"><input type="search" id="check-filter" placeholder="filter: node, feature, check…">'
+               '<label><input type="checkbox" id="check-problems"> failures and warnings only</label>'
+               '<span id="check-shown" class="muted"></span></div>')
+    return filters + '<div class="scroll">' + _verdict_cells(t).to_html() + "</div>"
+
+
+def _matmul(run: Run) -> str:
+    bars = matmul_bars(run.metrics)
+    if not bars:
+        return ""
+    dtypes = sorted({b.dtype for b in bars})
+    products = sorted({b.product for b in bars})
+    lookup = {(b.product, b.dtype): b for b in bars}
+    groups = [(p, [lookup[(p, d)].tflops if (p, d) in lookup else None for d in dtypes]) for p in products]
+    refs = [[lookup[(p, d)].peak if (p, d) in lookup else None for d in dtypes] for p in products]
+    svg, legend = bar_chart(dtypes, groups, refs=refs, chart_id="chart-matmul",
+                            title="Matmul TFLOP/s by dtype", y_label="TFLOP/s", x_label="dtype")
+    has_peak = any(b.peak for b in bars)
+    note = ("Bars: best TFLOP/s over the measured shapes; dashed line: the product's peak for that dtype; "
+            "label: share of peak." if has_peak else "Best TFLOP/s over the measured shapes (no peak recorded).")
+    return figure("matmul", "Matmul TFLOP/s by dtype and GPU product, against peak", svg, legend, note)
+
+
+def _allreduce(run: Run) -> str:
+    series = allreduce_series(run.metrics, "busbw")
+    if not series:
+        return ""
+    svg, legend = line_chart(series, chart_id="chart-allreduce", title="All-reduce bus bandwidth",
+                             x_label="message size", y_label="busbw (GB/s)", x_log2=True, x_fmt=fmt_bytes)
+    return figure("allreduce", "All-reduce bus bandwidth against message size", svg, legend)
+
+
+def _inference(run: Run) -> str:
+    axis = inference_load_axis(run.metrics)
+    out = []
+    for i, (name, series) in enumerate(inference_series(run.metrics).items()):
+        if name.startswith("latency "):
+            product = name[len("latency "):]
+            svg, legend = line_chart(series, chart_id=f"chart-latency-{i}", title=f"Latency percentiles, {product}",
+                                     x_label=axis, y_label="latency (ms)")
+            out.append(figure("latency", f"Latency percentiles against offered load · {product}", svg, legend))
+        else:
+            svg, legend = line_chart(series, chart_id="chart-throughput", title="Achieved throughput",
+                                     x_label=axis, y_label="requests/s")
+            out.append(figure("throughput", "Achieved throughput against offered load", svg, legend))
+    return "".join(out)
+
+
+def _mmss(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _phases(df) -> list[tuple[float, float, str]]:
+    """Consecutive runs of the same phase as (start, end, name) bands."""
+    if "phase" not in df.columns:
+        return []
+    bands: list[list] = []
+    names = df["phase"].fillna("").astype(str)
+    if "benchmark" in df.columns:   # samples of several benchmarks: say whose phase it is
+        names = [f"{b} {p}".strip() if p else "" for b, p in zip(df["benchmark"].fillna("").astype(str), names)]
+    for t, phase in zip(df["t"], names):
+        if bands and bands[-1][2] == phase:
+            bands[-1][1] = t
+        else:
+            if bands:
+                bands[-1][1] = t
+            bands.append([t, t, phase])
+    return [(a, b, p) for a, b, p in bands if p]
+
+
+def _utilization(run: Run) -> str:
+    import pandas as pd
+
+    df = run.samples
+    if df.empty or "ts" not in df.columns:
+        return ""
+    fields = sample_fields(df)
+    if not fields:
+        return ""
+    df = df.copy()
+    if pd.api.types.is_numeric_dtype(df["ts"]):
+        t = pd.to_numeric(df["ts"])
+        df["t"] = t - t.min()
+    else:
+        ts = pd.to_datetime(df["ts"], utc=True, errors="coerce", format="ISO8601")
+        df["t"] = (ts - ts.min()).dt.total_seconds()
+    df = df.dropna(subset=["t"]).sort_values("t", kind="stable")
+    gpus = sorted(set(df["gpu_key"]), key=natural_key)
+    pct = [f for f in fields if "util" in f]
+    panels = []
+    for g, gpu in enumerate(gpus[:MAX_GPUS]):
+        sub = df[df["gpu_key"] == gpu]
+        step = max(1, len(sub) // MAX_POINTS)
+        sub_ds = sub.iloc[::step]
+        bands = _phases(sub)
+        charts = []
+        groups = ([("utilization (%)", pct)] if pct else []) + [(f, [f]) for f in fields if f not in pct]
+        for c, (label, cols) in enumerate(groups):
+            series = []
+            for col in cols:
+                vals = pd.to_numeric(sub_ds[col], errors="coerce")
+                pairs = [(float(a), float(b)) for a, b in zip(sub_ds["t"], vals) if b == b]
+                series.append(Series(col, [p[0] for p in pairs], [p[1] for p in pairs]))
+            series = [s for s in series if s.xs]
+            if not series:
+                continue
+            svg, legend = line_chart(series, chart_id=f"chart-util-{g}-{c}", title=f"{gpu} {label}",
+                                     x_label="time since start (m:ss)", y_label=label, x_fmt=_mmss,
+                                     bands=bands, markers=len(sub_ds) <= 60, y_max=100 if cols is pct else None)
+            charts.append(figure("utilization", label, svg, legend if len(series) > 1 else ""))
+        name = ""
+        for col in ("gpu_name", "name"):
+            if col in sub.columns and sub[col].notna().any():
+                name = str(sub[col].dropna().iloc[0])
+                break
+        title = f"{gpu}" + (f" · {name}" if name else "") + f" · {len(sub)} samples"
+        panels.append(f'<details class="gpu"{" open" if g < OPEN_GPUS else ""}><summary>{esc(title)}</summary>'
+                      f'<div class="plots">{"".join(charts)}</div></details>')
+    more = ""
+    if len(gpus) > MAX_GPUS:
+        more = f'<p class="note">{len(gpus) - MAX_GPUS} more GPUs not drawn: {esc(", ".join(gpus[MAX_GPUS:]))}</p>'
+    return "".join(panels) + more
+
+
+def _tests(run: Run) -> str:
+    if not run.junit:
+        return ""
+    j = run.junit
+    parts = [f'<p>{j.total} tests: {j.passed} passed, {j.failed} failed, {j.errors} errors, {j.skipped} skipped.</p>']
+    reasons = j.skip_reasons()
+    if reasons:
+        t = Table(["count", "skip reason"], align="rl", css="compact")
+        for reason, n in reasons:
+            t.add(n, reason)
+        parts.append("<h3>Skip reasons</h3>" + t.to_html())
+    t = Table(["outcome", "test", "time (s)", "message"], align="llrl")
+    for c in j.cases:
+        t.add(Cell(c.outcome, css={"passed": "v-pass", "skipped": "v-skip"}.get(c.outcome, "v-fail")),
+              Cell(c.id, css="code"), f"{c.time:.2f}", shorten(c.message, 200))
+    parts.append(f"<details><summary>All {j.total} tests</summary>{t.to_html()}</details>")
+    return "".join(parts)
+
+
+def _inventory(run: Run) -> str:
+    inv = run.inventory
+    if not inv.get("nodes"):
+        return ""
+    parts = [f'<p class="note">Snapshot captured {esc(inv.get("captured", "?"))}; Kubernetes '
+             f'{esc(inv.get("kubernetes_version", "?"))}. Nodes with the same configuration share a row.</p>',
+             fleet_table(inv).to_html()]
+    t = Table(["node", "pool", "product", "GPUs", "driver", "CUDA", "GPU labels", "capacity", "allocatable"])
+    for n in inv["nodes"]:
+        t.add(n.get("name", ""), n.get("pool", ""), n.get("product", ""), n.get("gpu_count", ""),
+              n.get("driver_version", ""), n.get("cuda_version", ""),
+              Cell(shorten(" ".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())), 400), css="code"),
+              Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("capacity") or {}).items())), css="code"),
+              Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("allocatable") or {}).items())), css="code"))
+    parts.append(f"<details><summary>All {len(inv['nodes'])} nodes</summary>{t.to_html()}</details>")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------ page
+
+def render_html(run: Run) -> str:
+    outcome = run.outcome or "unknown"
+    facts = " · ".join(f"<b>{esc(k)}</b> {esc(v)}" for k, v in run_facts(run))
+    sections: list[tuple[str, str, str, str]] = []   # (id, nav title, title, body)
+
+    def add(sid: str, title: str, body: str, intro: str = "", nav: str = "") -> None:
+        if body:
+            sections.append((sid, nav or title, title, _section(sid, title, body, intro)))
+
+    if run.is_empty:
+        add("empty", "Nothing recorded", '<div class="empty"><b>This run recorded no checks, no metrics, no samples '
+            'and no junit.xml.</b> It may have been interrupted before the first check ran.</div>')
+    n_fail = run.check_counts()["fail"] + (len(run.junit.problems()) if run.junit else 0)
+    if not run.checks.empty or run.junit:
+        n_warn = run.check_counts()["warn"]
+        add("failures", f"Failures ({n_fail})" + (f" and warnings ({n_warn})" if n_warn else ""), _failures(run),
+            nav=f'Failures <span class="count">{n_fail}</span>' if n_fail else "Failures (0)")
+    if not run.checks.empty:
+        add("matrix", "Results by feature and pool", _matrix(run),
+            "Counts of check verdicts; the cell colour is the worst verdict.")
+        reasons = skip_reasons(run.checks)
+        skip_html = ""
+        if reasons:
+            st = Table(["count", "skip reason"], align="rl", css="compact")
+            for reason, n in reasons:
+                st.add(n, reason)
+            skip_html = "<h3>Why checks were skipped</h3>" + st.to_html()
+        add("checks", f"All checks ({len(run.checks)})", _checks(run) + skip_html)
+    plots = _matmul(run) + _allreduce(run) + _inference(run)
+    tables = "".join(f"<h3>{esc(title)}</h3>{t.to_html()}" for title, t in benchmark_tables(run))
+    if plots or tables:
+        add("benchmarks", "Benchmarks", (f'<div class="plots">{plots}</div>' if plots else "") + tables)
+    add("utilization", "GPU utilization", _utilization(run),
+        "One panel per GPU; shaded bands are the run's phases. Click a legend entry to hide a series.")
+    add("tests", "pytest", _tests(run))
+    add("inventory", "Cluster inventory", _inventory(run))
+
+    nav = "".join(f'<a href="#{sid}">{title if "<span" in title else esc(title)}</a>' for sid, title, _, _ in sections)
+    body = "".join(s[3] for s in sections)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>gpuproof {esc(run.run_id)}: {esc(outcome)}</title>
+<script>{_asset("errors.js")}</script>
+<style>{_asset("report.css")}</style>
+</head>
+<body>
+<div id="js-errors" hidden></div>
+<header class="top"><div class="inner">
+<h1>gpuproof run {esc(run.run_id)}<span class="badge {esc(outcome)}">{esc(outcome)}</span></h1>
+<div class="facts">{facts}</div>
+</div></header>
+<nav class="toc"><div class="inner">{nav}</div></nav>
+<main>
+<section id="overview">{_overview(run)}</section>
+{body}
+<footer>Generated by gpuproof {esc(__version__)} at {esc(utcnow())} from {esc(run.path)}. This page is self-contained and
+makes no network requests.</footer>
+</main>
+<script>{_asset("report.js")}</script>
+</body>
+</html>
+"""

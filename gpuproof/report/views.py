@@ -1,0 +1,314 @@
+"""Benchmark-specific views of a run's metrics table, shared by summary.md and report.html.
+
+The benchmarks write long-format MetricRecords (see gpuproof.results); these
+functions pick out the rows each plot or table needs and tolerate anything missing.
+Metrics no view knows are shown by :func:`other_metrics` as a generic table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+
+from .data import params_of
+from .tables import natural_key
+
+LATENCY_METRICS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
+KNOWN = {
+    "matmul": ("tflops", "ratio_to_peak"),
+    "allreduce": ("algbw", "busbw", "avg_busbw", "max_busbw"),
+    "inference": LATENCY_METRICS + ("throughput_rps", "error_rate", "goodput_rps"),
+}
+# Other names the benchmarks use for the same numbers (gpuproof.bench writes these).
+ALIASES = {
+    "allreduce": {"busbw_gbps": "busbw", "algbw_gbps": "algbw", "avg_busbw_gbps": "avg_busbw",
+                  "max_busbw_gbps": "max_busbw"},
+    "inference": {f"p{p}_ms": f"latency_p{p}_ms" for p in (50, 90, 95, 99)},
+}
+
+
+def canonical_metric(benchmark: str, metric: str) -> str:
+    return ALIASES.get(benchmark, {}).get(metric, metric)
+
+# Direction of "better" when a rules file does not say: patterns on "benchmark/metric".
+_LOWER = ("*latency*", "*_ms", "*_s", "*seconds*", "*error*", "*fail*", "*time*", "*duration*", "*loss*")
+_HIGHER = ("*tflops*", "*bw*", "*bandwidth*", "*throughput*", "*rps*", "*goodput*", "*ratio_to_peak*")
+
+
+def default_direction(benchmark: str, metric: str) -> str:
+    """``higher_is_better`` / ``lower_is_better`` / ``""`` (unknown) from the metric's name."""
+    name = f"{benchmark}/{metric}".lower()
+    if any(fnmatch.fnmatchcase(name, p) for p in _LOWER):
+        return "lower_is_better"
+    if any(fnmatch.fnmatchcase(name, p) for p in _HIGHER):
+        return "higher_is_better"
+    return ""
+
+
+def _rows(metrics, benchmark: str, names):
+    """The rows of ``benchmark`` whose metric (or its alias) is in ``names``; metric
+    renamed to the canonical name, params parsed, product filled from node."""
+    if metrics.empty:
+        return metrics
+    df = metrics[metrics["benchmark"] == benchmark].copy()
+    df["metric"] = [canonical_metric(benchmark, m) for m in df["metric"]]
+    df = df[df["metric"].isin(list(names))]
+    if df.empty:
+        return df
+    df["params"] = [params_of(p) for p in df["parameters"]]
+    df["product"] = [p or n or "?" for p, n in zip(df["product"], df["node"])]
+    return df
+
+
+@dataclasses.dataclass
+class MatmulBar:
+    product: str
+    dtype: str
+    tflops: float          # best over shapes and nodes
+    peak: float | None     # from tflops / ratio_to_peak of the same row
+    shape: str             # the m x n x k that gave the best number
+    node: str
+
+
+def matmul_bars(metrics) -> list[MatmulBar]:
+    """Best TFLOP/s per (product, dtype) with the peak it is measured against."""
+    df = _rows(metrics, "matmul", KNOWN["matmul"])
+    if df.empty:
+        return []
+    df["dtype"] = [str(p.get("dtype", "?")) for p in df["params"]]
+    # the ratio row may carry the peak as an extra parameter (peak_tflops): match without it
+    peaks = {}
+    for r in df[df["metric"] == "ratio_to_peak"].itertuples():
+        shape = _without(r.params, "peak_tflops")
+        peak = _num(r.params.get("peak_tflops"))
+        peaks[(r.product, r.node, shape)] = (peak, r.value)
+    bars = []
+    for (product, dtype), group in df[df["metric"] == "tflops"].groupby(["product", "dtype"], sort=True):
+        best = group.loc[group["value"].idxmax()]
+        peak, ratio = peaks.get((best["product"], best["node"], _without(best["params"], "peak_tflops")),
+                                (None, None))
+        if not peak and ratio and ratio > 0:
+            peak = float(best["value"]) / ratio
+        p = best["params"]
+        shape = "x".join(str(p[d]) for d in ("m", "n", "k") if d in p)
+        bars.append(MatmulBar(product, str(dtype), float(best["value"]), peak, shape, str(best["node"])))
+    return bars
+
+
+@dataclasses.dataclass
+class Series:
+    name: str
+    xs: list[float]
+    ys: list[float]
+
+
+def allreduce_series(metrics, metric: str = "busbw") -> list[Series]:
+    """busbw (GB/s) against message size, one series per product / world size / dtype."""
+    df = _rows(metrics, "allreduce", (metric,))
+    if df.empty:
+        return []
+    df["size"] = [_num(p.get("size_bytes")) for p in df["params"]]
+    df = df.dropna(subset=["size"])
+    df["label"] = [_label(prod, p, ("world_size", "dtype"), {"world_size": "ranks"})
+                   for prod, p in zip(df["product"], df["params"])]
+    return _series(df, "size")
+
+
+def inference_series(metrics) -> dict[str, list[Series]]:
+    """Latency percentiles and throughput against offered load.
+
+    Returns {"latency <product>": [p50, p90, ...], "throughput": [one per product]}:
+    one latency chart per product (percentiles as series), one throughput chart."""
+    df = _rows(metrics, "inference", KNOWN["inference"])
+    if df.empty:
+        return {}
+    df["load"] = [_num(p.get("target_rps", p.get("rate", p.get("step")))) for p in df["params"]]
+    df = df.dropna(subset=["load"])
+    out: dict[str, list[Series]] = {}
+    for product, group in df[df["metric"].isin(LATENCY_METRICS)].groupby("product", sort=True):
+        group = group.assign(label=[m.replace("latency_", "").replace("_ms", "") for m in group["metric"]])
+        out[f"latency {product}"] = _series(group, "load")
+    thr = df[df["metric"].isin(("throughput_rps", "goodput_rps"))]
+    if not thr.empty:
+        several = thr["metric"].nunique() > 1
+        thr = thr.assign(label=[p + (f" · {m.replace('_rps', '')}" if several else "")
+                                for p, m in zip(thr["product"], thr["metric"])])
+        out["throughput"] = _series(thr, "load")
+    return out
+
+
+def inference_load_axis(metrics) -> str:
+    """What the inference x axis is: offered load in requests/s, or a step number."""
+    df = _rows(metrics, "inference", KNOWN["inference"])
+    if not df.empty and any("target_rps" in p or "rate" in p for p in df["params"]):
+        return "offered load (requests/s)"
+    return "load step"
+
+
+def inference_table_rows(metrics) -> list[dict]:
+    """One row per (product, offered load) with every inference metric as a column."""
+    df = _rows(metrics, "inference", KNOWN["inference"])
+    if df.empty:
+        return []
+    df["load"] = [_num(p.get("target_rps", p.get("rate", p.get("step")))) for p in df["params"]]
+    pivot = df.pivot_table(index=["product", "load"], columns="metric", values="value", aggfunc="mean")
+    rows = []
+    for (product, load), values in pivot.iterrows():
+        rows.append({"product": product, "load": load, **{k: v for k, v in values.items() if v == v}})
+    return rows
+
+
+def allreduce_peaks(metrics) -> list[dict]:
+    """Per product / world size / dtype: the best busbw and the size it was reached at."""
+    df = _rows(metrics, "allreduce", ("busbw", "avg_busbw"))
+    if df.empty:
+        return []
+    out = []
+    df["world_size"] = [p.get("world_size", "") for p in df["params"]]
+    df["dtype"] = [p.get("dtype", "") for p in df["params"]]
+    for (product, ws, dtype), group in df.groupby(["product", "world_size", "dtype"], sort=True):
+        sized = group[group["metric"] == "busbw"]
+        best = sized.loc[sized["value"].idxmax()] if not sized.empty else None
+        avg = group[group["metric"] == "avg_busbw"]["value"]
+        out.append({
+            "product": product, "world_size": ws, "dtype": dtype,
+            "peak_busbw": float(best["value"]) if best is not None else None,
+            "at_size": best["params"].get("size_bytes") if best is not None else None,
+            "avg_busbw": float(avg.mean()) if not avg.empty else None,
+        })
+    return out
+
+
+UTILIZATION_COLUMNS = ("gpu_util_pct_mean", "mem_util_pct_mean", "mem_used_mib_mean", "power_w_mean",
+                       "temp_c_p95", "sm_clock_mhz_mean", "energy_j", "throttled_fraction")
+
+
+def utilization_rows(metrics) -> tuple[list[str], list[dict]]:
+    """The sampler's summary records (benchmark "utilization"), one row per benchmark,
+    phase and GPU, with the columns of UTILIZATION_COLUMNS that are present."""
+    if metrics.empty:
+        return [], []
+    df = metrics[metrics["benchmark"] == "utilization"]
+    if df.empty:
+        return [], []
+    rows: dict[tuple, dict] = {}
+    for r in df.itertuples():
+        p = params_of(r.parameters)
+        key = (r.node, str(p.get("of", "")), str(p.get("phase", "")), str(p.get("gpu", "")))
+        rows.setdefault(key, {"node": r.node, "of": key[1], "phase": key[2], "gpu": key[3]})[r.metric] = r.value
+    columns = [c for c in UTILIZATION_COLUMNS if any(c in row for row in rows.values())]
+    return columns, [rows[k] for k in sorted(rows)]
+
+
+def other_metrics(metrics):
+    """Rows of benchmarks/metrics no specific view shows."""
+    if metrics.empty:
+        return metrics
+    known = [(b, m) for b, names in KNOWN.items() for m in names]
+    mask = [(b, canonical_metric(b, m)) not in known and b != "utilization"
+            for b, m in zip(metrics["benchmark"], metrics["metric"])]
+    return metrics[mask]
+
+
+def _without(params: dict, *keys: str) -> str:
+    return json.dumps({k: v for k, v in params.items() if k not in keys}, sort_keys=True, default=str)
+
+
+def _num(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _label(product: str, params: dict, keys: tuple[str, ...], names: dict[str, str]) -> str:
+    parts = [product]
+    for k in keys:
+        if k in params:
+            parts.append(f"{params[k]} {names[k]}" if k in names else str(params[k]))
+    return " · ".join(parts)
+
+
+def _series(df, xcol: str) -> list[Series]:
+    out = []
+    for label, group in df.groupby("label", sort=True):
+        agg = group.groupby(xcol)["value"].mean().sort_index()
+        out.append(Series(str(label), [float(x) for x in agg.index], [float(y) for y in agg.values]))
+    return out
+
+
+# ------------------------------------------------------------------ checks
+
+VERDICT_ORDER = ("fail", "warn", "skip", "pass")
+
+
+def pool_of(check: dict) -> str:
+    """The pool a check belongs to: its pool field, a ``pool/<name>`` target, else "cluster"."""
+    if check.get("pool"):
+        return str(check["pool"])
+    target = str(check.get("target") or "")
+    if target.startswith("pool/"):
+        return target[len("pool/"):]
+    return "cluster" if target in ("", "cluster") else "(no pool)"
+
+
+@dataclasses.dataclass
+class Matrix:
+    """Verdict counts by feature (rows) and pool (columns)."""
+
+    features: list[str]
+    pools: list[str]
+    counts: dict[tuple[str, str], dict[str, int]]
+
+    def cell(self, feature: str, pool: str) -> dict[str, int]:
+        return self.counts.get((feature, pool), {})
+
+    def worst(self, feature: str, pool: str) -> str:
+        c = self.cell(feature, pool)
+        return next((v for v in VERDICT_ORDER if c.get(v)), "")
+
+
+def check_matrix(checks) -> Matrix:
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    features, pools = [], []
+    for row in checks.to_dict("records") if not checks.empty else []:
+        feature, pool = row["feature"] or "(none)", pool_of(row)
+        if feature not in features:
+            features.append(feature)
+        if pool not in pools:
+            pools.append(pool)
+        cell = counts.setdefault((feature, pool), {})
+        cell[row["verdict"]] = cell.get(row["verdict"], 0) + 1
+    pools.sort(key=lambda p: (p in ("cluster", "(no pool)"), p))
+    return Matrix(features, pools, counts)
+
+
+def problem_checks(checks, verdicts=("fail",)) -> list[dict]:
+    """Check records with the given verdicts, by feature, check and target."""
+    if checks.empty:
+        return []
+    rows = checks[checks["verdict"].isin(list(verdicts))].to_dict("records")
+    return sorted(rows, key=lambda r: (VERDICT_ORDER.index(r["verdict"]), r["feature"], r["check"],
+                                       natural_key(r["target"])))
+
+
+def group_problems(rows: list[dict]) -> list[dict]:
+    """Identical failures on several targets (same check, expected, actual and message)
+    as one row, with "targets" and "pools" lists; order kept."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["verdict"], r["feature"], r["check"], r["expected"], r["actual"], r["message"])
+        group = groups.setdefault(key, {**r, "targets": [], "pools": []})
+        group["targets"].append(r["target"])
+        if pool_of(r) not in group["pools"]:
+            group["pools"].append(pool_of(r))
+    return list(groups.values())
+
+
+def skip_reasons(checks) -> list[tuple[str, int]]:
+    if checks.empty:
+        return []
+    skipped = checks[checks["verdict"] == "skip"]
+    counts = skipped["message"].replace("", "(no reason given)").value_counts()
+    return [(str(k), int(v)) for k, v in counts.items()]

@@ -1,0 +1,1 @@
+"""Shared helpers for the acceptance suites live in gpuproof.suite; fixtures in gpuproof.pytest_plugin."""

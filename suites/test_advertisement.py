@@ -1,0 +1,80 @@
+"""Advertisement: what the device plugin advertises agrees with what GPU Feature Discovery labelled.
+
+On every GPU node, capacity and allocatable of the GPU resource equal ``nvidia.com/gpu.count``
+(times ``nvidia.com/gpu.replicas`` when time-sliced), and the resource names fit the
+sharing and MIG strategy. On real clusters the device-plugin pods are Ready on every GPU node.
+"""
+
+import pytest
+
+from gpuproof.catalog import lookup
+from gpuproof.discovery import GPU, GPU_SHARED
+from gpuproof.pytest_plugin import for_nodes
+
+FEATURE = "advertisement"
+
+
+@for_nodes(lambda n: n.mig_strategy != "mixed")
+def test_gpu_capacity_matches_count_label(gpu_node, check):
+    """nodes exposing whole, shared or single-strategy MIG devices"""
+    n = gpu_node
+    count = n.count_label
+    if count is None:
+        check.true("count-label-present", False, expected="nvidia.com/gpu.count label", actual=None,
+                   what="cannot check the advertised GPUs: label nvidia.com/gpu.count")
+        return
+    expected = count * n.replicas
+    resource = GPU_SHARED if n.capacity_of(GPU_SHARED) is not None else GPU
+    why = f"{resource} vs nvidia.com/gpu.count={count}" + (f" x replicas={n.replicas}" if n.replicas > 1 else "")
+    check.equal("capacity-matches-count", expected, n.capacity_of(resource), what=f"capacity of {why}")
+    check.equal("allocatable-matches-count", expected, n.allocatable_of(resource), what=f"allocatable of {why}")
+
+
+@for_nodes(lambda n: n.mig_strategy == "mixed")
+def test_mixed_mig_node_advertises_no_whole_gpus(gpu_node, check):
+    """nodes with the mixed MIG strategy"""
+    check.equal("no-whole-gpus-under-mixed-mig", 0, gpu_node.allocatable_of(GPU) or 0,
+                what=f"allocatable {GPU} on a node whose GPUs are all MIG-partitioned (mixed strategy)")
+
+
+def test_resource_names_fit_strategy(gpu_node, check):
+    n = gpu_node
+    mig = n.mig_resources
+    shared = n.capacity_of(GPU_SHARED)
+    if n.mig_strategy == "mixed":
+        check.true("mig-resources-present", bool(mig), expected="nvidia.com/mig-<profile> resources",
+                   actual=sorted(n.capacity), what="mixed MIG strategy but no MIG resources advertised")
+        product = lookup(n.product)
+        if product is not None:
+            valid = sorted(p.name for p in product.mig)
+            for profile in sorted(mig):
+                check.true("mig-profile-valid", profile in valid, expected=f"one of {valid}",
+                           actual=f"nvidia.com/mig-{profile}",
+                           what=f"MIG resource name for a {n.product}")
+    else:
+        check.equal("no-mig-resources", [], sorted(f"nvidia.com/mig-{p}" for p in mig),
+                    what=f"MIG resources on a node with mig.strategy={n.mig_strategy}")
+    renamed = n.time_sliced and (shared or 0) > 0
+    if n.time_sliced:
+        expected = GPU_SHARED if renamed else GPU
+        check.true("shared-resource-name", (shared or 0) > 0 if renamed else shared is None,
+                   expected=f"GPUs advertised as {expected}",
+                   actual={k: v for k, v in n.capacity.items() if k.startswith("nvidia.com/gpu")},
+                   what="time-sliced resource name")
+    else:
+        check.equal("no-shared-resource", None, shared,
+                    what=f"{GPU_SHARED} on a node that is not time-sliced (sharing-strategy={n.sharing_strategy})")
+
+
+@pytest.mark.realcluster
+def test_device_plugin_pod_ready_on_node(gpu_node, target, check):
+    if gpu_node.simulated:
+        check.skip("device-plugin-ready", "simulated node: no device-plugin pod runs on kwok nodes")
+    pods = target.cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={gpu_node.name}").items
+    plugin = [p for p in pods if "nvidia-device-plugin" in p.metadata.name
+              or (p.metadata.labels or {}).get("app.kubernetes.io/name") == "nvidia-device-plugin"]
+    ready = [p.metadata.name for p in plugin if any(c.type == "Ready" and c.status == "True"
+                                                     for c in (p.status.conditions or []))]
+    check.true("device-plugin-ready", bool(ready), expected="a Ready nvidia-device-plugin pod",
+               actual=[f"{p.metadata.namespace}/{p.metadata.name}: {p.status.phase}" for p in plugin] or "none",
+               what="device-plugin pod on the node")

@@ -1,0 +1,99 @@
+"""Affinity: pods choose GPUs by product and memory through node labels.
+
+nodeSelector and required affinity on ``nvidia.com/gpu.product`` land on that product;
+preferred affinity picks the preferred product while it has room and falls back when
+it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
+"""
+
+from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled
+
+FEATURE = "affinity"
+PRODUCT = "nvidia.com/gpu.product"
+MEMORY = "nvidia.com/gpu.memory"
+
+
+def _product_nodes(discovery, product):
+    return [n for n in discovery.gpu_nodes if n.product == product]
+
+
+def _land(run, scratch, target, name, manifest):
+    scratch.create(manifest)
+    return run.wait_pod(name, settled, target.timeout(90), "to be placed or refused by the scheduler")
+
+
+def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, check):
+    nodes = _product_nodes(discovery, gpu_product)
+    name = "selector-" + gpu_product.lower().replace(".", "-")[:50]
+    p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), node_selector={PRODUCT: gpu_product},
+                                              tolerations=TOLERATE_ALL))
+    landed = discovery.node(p.spec.node_name).product if p.spec.node_name in {n.name for n in
+                                                                              discovery.gpu_nodes} else None
+    check.equal("node-selector-product", gpu_product, landed if p.status.phase == "Running" else pod_outcome(p),
+                what=f"product of the node a nodeSelector {PRODUCT}={gpu_product} pod landed on",
+                target=f"product/{gpu_product}")
+
+
+def test_required_affinity_by_product(gpu_product, discovery, run, scratch, target, check):
+    nodes = _product_nodes(discovery, gpu_product)
+    name = "required-" + gpu_product.lower().replace(".", "-")[:50]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": PRODUCT, "operator": "In", "values": [gpu_product]}]}]}}}
+    p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), affinity=affinity,
+                                              tolerations=TOLERATE_ALL))
+    landed = discovery.node(p.spec.node_name).product if p.status.phase == "Running" else pod_outcome(p)
+    check.equal("required-affinity-product", gpu_product, landed,
+                what=f"product of the node a required-affinity ({PRODUCT} In [{gpu_product}]) pod landed on",
+                target=f"product/{gpu_product}")
+
+
+def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, target, check):
+    # products whose nodes take plain one-GPU pods; prefer the one with the fewest free slots
+    whole = [n for n in discovery.gpu_nodes if n.gpu_resource == "nvidia.com/gpu" and n.mig_strategy != "mixed"]
+    free = {}
+    for n in whole:
+        free[n.product] = free.get(n.product, 0) + free_on(target.cluster, n, "nvidia.com/gpu")
+    choices = sorted((f, p) for p, f in free.items() if 0 < f <= 16)
+    others = [p for p, f in free.items() if f > 0]
+    if not choices or len(others) < 2:
+        check.skip("preferred-affinity", "needs two GPU products with free GPUs, one with at most 16 free")
+    slots, preferred = choices[0]
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [{"key": PRODUCT, "operator": "In",
+                                                             "values": [preferred]}]}}]}}
+    placed = []
+    for i in range(slots + 1):
+        name = f"preferred-{i}"
+        p = _land(run, scratch, target, name, pod(name, {"nvidia.com/gpu": 1}, affinity=affinity,
+                                                  tolerations=TOLERATE_ALL))
+        node = p.spec.node_name if p.status.phase == "Running" else None
+        placed.append(discovery.node(node).product if node in {n.name for n in discovery.gpu_nodes}
+                      else pod_outcome(p))
+    target_name = f"product/{preferred}"
+    check.equal("preferred-while-room", [preferred] * slots, placed[:slots],
+                what=f"products chosen for the first {slots} pods preferring {preferred} (it has {slots} free)",
+                target=target_name)
+    check.true("preferred-falls-back", placed[slots] != preferred and not str(placed[slots]).startswith(
+               ("unschedulable", "Pending")), expected="another GPU product once the preferred one is full",
+               actual=placed[slots], what=f"pod {slots + 1} preferring the full {preferred}", target=target_name)
+
+
+def test_memory_greater_than(discovery, run, scratch, target, check):
+    mem = {n.name: n.memory_mib for n in discovery.gpu_nodes if n.memory_mib}
+    if len(set(mem.values())) < 2:
+        check.skip("memory-gt", "needs GPU nodes with at least two different nvidia.com/gpu.memory values")
+    threshold = sorted(set(mem.values()))[-2]          # only the largest-memory GPUs are above it
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": MEMORY, "operator": "Gt", "values": [str(threshold)]}]}]}}}
+    p = _land(run, scratch, target, "memory-gt", pod("memory-gt", affinity=affinity, tolerations=TOLERATE_ALL))
+    got = mem.get(p.spec.node_name) if p.status.phase == "Running" else pod_outcome(p)
+    check.true("memory-gt", isinstance(got, int) and got > threshold, expected=f"a node with {MEMORY} > {threshold}",
+               actual=f"{p.spec.node_name}: {got}", what=f"node picked for {MEMORY} Gt {threshold}",
+               target="cluster")
+    top = max(mem.values())
+    affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"][0]["values"] = [str(top)]
+    p = _land(run, scratch, target, "memory-gt-none", pod("memory-gt-none", affinity=affinity,
+                                                          tolerations=TOLERATE_ALL))
+    check.true("memory-gt-none", pod_outcome(p).startswith("unschedulable"),
+               expected=f"Pending: no GPU has more than {top} MiB", actual=pod_outcome(p),
+               what=f"pod asking {MEMORY} Gt {top}", target="cluster")

@@ -1,0 +1,99 @@
+"""Labels: GPU Feature Discovery labels are present, well formed, and uniform within a pool."""
+
+import re
+
+from gpuproof.pytest_plugin import for_nodes
+
+FEATURE = "labels"
+
+INT = re.compile(r"^\d+$")
+VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
+PRODUCT = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
+
+# label -> (pattern or allowed values, description)
+REQUIRED = {
+    "nvidia.com/gpu.present": ({"true"}, "true"),
+    "nvidia.com/gpu.product": (PRODUCT, "a product name"),
+    "nvidia.com/gpu.count": (INT, "a whole number"),
+    "nvidia.com/gpu.memory": (INT, "MiB as a whole number"),
+    "nvidia.com/gpu.family": (re.compile(r"^[a-z][-a-z]*$"), "an architecture family"),
+    "nvidia.com/gpu.compute.major": (INT, "a whole number"),
+    "nvidia.com/gpu.compute.minor": (INT, "a whole number"),
+    "nvidia.com/gpu.replicas": (INT, "a whole number"),
+    "nvidia.com/gpu.sharing-strategy": ({"none", "time-slicing", "mps"}, "none, time-slicing or mps"),
+    "nvidia.com/mig.strategy": ({"none", "single", "mixed"}, "none, single or mixed"),
+    "nvidia.com/cuda.driver-version.major": (INT, "a whole number"),
+    "nvidia.com/cuda.driver-version.minor": (INT, "a whole number"),
+    "nvidia.com/cuda.driver-version.full": (VERSION, "a driver version such as 550.54.15"),
+    "nvidia.com/cuda.runtime-version.full": (VERSION, "a CUDA version such as 12.4"),
+}
+
+# what must be the same on every node of a pool
+UNIFORM = ["nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
+           "nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.runtime-version.full",
+           "nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy", "nvidia.com/mig.strategy"]
+
+
+def _ok(value, rule) -> bool:
+    return value in rule if isinstance(rule, set) else bool(rule.match(value))
+
+
+def test_gfd_labels_present_and_well_formed(gpu_node, check):
+    for label, (rule, desc) in REQUIRED.items():
+        value = gpu_node.label(label)
+        if value is None:
+            check.true("label-present", False, expected=f"{label} ({desc})", actual=None, what=f"label {label}")
+        else:
+            check.true("label-well-formed", _ok(value, rule), expected=desc, actual=value, what=f"label {label}")
+
+
+def test_driver_version_parts_agree(gpu_node, check):
+    full = gpu_node.label("nvidia.com/cuda.driver-version.full")
+    parts = [gpu_node.label(f"nvidia.com/cuda.driver-version.{p}") for p in ("major", "minor")]
+    if full and all(parts):
+        check.equal("driver-version-consistent", ".".join(full.split(".")[:2]), ".".join(parts),
+                    what="driver-version.major.minor vs driver-version.full")
+
+
+def test_product_suffix_fits_sharing(gpu_node, check):
+    n = gpu_node
+    product = n.product
+    if not product:
+        return  # reported by the presence check
+    shared_suffix = n.time_sliced and n.capacity_of("nvidia.com/gpu.shared") is None
+    check.true("shared-suffix", product.endswith("-SHARED") == shared_suffix,
+               expected=("a product ending in -SHARED (time-sliced, not renamed)" if shared_suffix
+                         else "a product without the -SHARED suffix"),
+               actual=product, what="nvidia.com/gpu.product")
+    if n.mig_strategy == "single":
+        check.true("mig-single-suffix", "-MIG-" in product, expected="a product with -MIG-<profile>",
+                   actual=product, what="nvidia.com/gpu.product under MIG single strategy")
+
+
+def test_pool_is_uniform(gpu_pool, check):
+    """Every node of a pool has the same GPUs, driver, CUDA and sharing set-up."""
+    for label in UNIFORM:
+        values = {}
+        for n in gpu_pool.nodes:
+            values.setdefault(n.label(label), []).append(n.name)
+        if len(values) <= 1:
+            check.record("pool-uniform", "pass", expected=next(iter(values), None), actual=next(iter(values), None),
+                         target=f"pool/{gpu_pool.name}")
+            continue
+        majority = max(values, key=lambda v: (len(values[v]), v is not None))
+        for value, nodes in sorted(values.items(), key=lambda kv: str(kv[0])):
+            if value == majority:
+                continue
+            for node in nodes:
+                check.equal("pool-uniform", majority, value, target=node,
+                            what=f"{label} differs within pool {gpu_pool.name} "
+                                 f"({len(values[majority])} of {len(gpu_pool.nodes)} nodes have {majority!r})")
+
+
+@for_nodes(lambda n: True)
+def test_inventory_entry(gpu_node, check):
+    """Record the node's GPU inventory (product, count, memory, versions, strategies)."""
+    n = gpu_node
+    check.record("inventory", "pass", actual={
+        "product": n.product, "count": n.count_label, "memory_mib": n.memory_mib, "driver": n.driver_version,
+        "cuda": n.cuda_version, "sharing": n.sharing_strategy, "replicas": n.replicas, "mig": n.mig_strategy})

@@ -1,0 +1,88 @@
+"""Priority and preemption on GPUs.
+
+The suite's own PriorityClasses have NEGATIVE values, so on a real cluster only the
+suite's pods can ever be preemption victims; a node is chosen only where no pod of
+anyone else has a priority below the preemptor's. Fill the node's free GPUs with
+low-priority pods; a higher-priority pod preempts exactly one and lands; a pod with
+``preemptionPolicy: Never`` stays Pending; no pod outside the run is touched.
+"""
+
+from gpuproof.suite import TOLERATE_ALL, free_on, pod, pod_outcome, settled
+
+FEATURE = "preemption"
+LOW, HIGH = -1000 + 900, -10        # -100 and -10: below every default priority (0)
+MAX_FILL = 16
+
+
+def _priority_class(run, suffix, value, never=False):
+    name = f"gpuproof-{run.run_id}-{suffix}"
+    spec = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+            "value": value, "globalDefault": False,
+            "description": "gpuproof acceptance run (negative: only gpuproof's own pods can be preempted)"}
+    if never:
+        spec["preemptionPolicy"] = "Never"
+    run.apply(spec)
+    return name
+
+
+def _foreign_pods(cluster, run):
+    return {p.metadata.uid: (p.metadata.namespace, p.metadata.name)
+            for p in cluster.core.list_pod_for_all_namespaces().items if p.metadata.namespace != run.namespace}
+
+
+def _pick_node(discovery, cluster, run):
+    """The GPU node with the fewest free GPUs (>= 1) where no foreign pod could be a victim."""
+    all_pods = cluster.core.list_pod_for_all_namespaces().items
+    low_foreign = {p.spec.node_name for p in all_pods
+                   if p.metadata.namespace != run.namespace and (p.spec.priority or 0) < HIGH}
+    best = None
+    for n in discovery.gpu_nodes:
+        if n.mig_strategy == "mixed" or n.name in low_foreign:
+            continue
+        free = free_on(cluster, n, n.gpu_resource)
+        if 1 <= free <= MAX_FILL and (best is None or free < best[1]):
+            best = (n, free)
+    return best
+
+
+def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch, target, check):
+    cluster = target.cluster
+    picked = _pick_node(discovery, cluster, run)
+    if picked is None:
+        check.skip("preemption", f"no GPU node with 1-{MAX_FILL} free GPUs and no other pod below priority {HIGH}")
+    node, free = picked
+    res = node.gpu_resource
+    low = _priority_class(run, "low", LOW)
+    high = _priority_class(run, "high", HIGH)
+    never = _priority_class(run, "never", HIGH, never=True)
+    foreign_before = _foreign_pods(cluster, run)
+    fill = [f"low-{i}" for i in range(free)]
+    for name in fill:
+        scratch.create(pod(name, {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=low))
+    run.wait_pods(lambda c: all(n in c and c[n].status.phase == "Running" for n in fill) or None,
+                  target.timeout(120), f"{free} low-priority pods Running on {node.name}")
+
+    scratch.create(pod("preemptor", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=high))
+    p = run.wait_pod("preemptor", lambda x: x.status.phase == "Running" or "unschedulable" in pod_outcome(x)
+                     and not x.status.nominated_node_name, target.timeout(120), "to preempt and run")
+    check.equal("preemptor-lands", f"running on {node.name}", pod_outcome(p),
+                what=f"a priority {HIGH} pod asking 1 {res} on the full node", target=node.name)
+    survivors = {n for n, obj in run.wait_pods(lambda c: c, 5, "pods").items() if n in fill
+                 and not obj.metadata.deletion_timestamp}
+    check.equal("just-enough-victims", 1, free - len(survivors),
+                what=f"low-priority pods preempted to free 1 {res}", target=node.name)
+
+    scratch.create(pod("no-preempt", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=never))
+    q = run.wait_pod("no-preempt", settled, target.timeout(60), "to be placed or refused")
+    check.true("never-policy-waits", pod_outcome(q).startswith("unschedulable"),
+               expected="Pending (preemptionPolicy: Never)", actual=pod_outcome(q),
+               what="a priority pod that may not preempt, on the full node", target=node.name)
+    still = {n for n, obj in run.wait_pods(lambda c: c, 5, "pods").items() if n in fill
+             and not obj.metadata.deletion_timestamp}
+    check.equal("never-policy-no-victims", sorted(survivors), sorted(still),
+                what="low-priority pods left after the preemptionPolicy: Never pod", target=node.name)
+
+    foreign_after = _foreign_pods(cluster, run)
+    touched = {uid: ref for uid, ref in foreign_before.items() if uid not in foreign_after}
+    check.equal("foreign-pods-untouched", {}, {f"{ns}/{n}": "gone" for ns, n in touched.values()},
+                what="pods outside the run that disappeared during the preemption test", target="cluster")

@@ -1,0 +1,48 @@
+"""Taints: GPU nodes keep non-GPU pods away, and GPU pods that tolerate the taint still land.
+
+An untainted GPU node is a warning by default (``--strict-taints`` makes it a failure):
+without a taint, ordinary pods can fill a GPU node's CPU and memory.
+"""
+
+from gpuproof.suite import one_device, pod, pod_outcome, settled, tolerations_for
+
+FEATURE = "taints"
+
+
+def test_gpu_node_is_tainted(gpu_node, check, request):
+    taints = [t for t in gpu_node.taints if t.get("effect") in ("NoSchedule", "NoExecute")]
+    if taints:
+        check.record("gpu-node-tainted", "pass", expected="a NoSchedule or NoExecute taint",
+                     actual=gpu_node.taint_strings())
+    elif request.config.getoption("--strict-taints"):
+        check.true("gpu-node-tainted", False, expected="a NoSchedule or NoExecute taint (e.g. "
+                   "nvidia.com/gpu=present:NoSchedule)", actual="no taints", what="GPU node taints")
+    else:
+        check.warn("gpu-node-tainted", "GPU node has no NoSchedule/NoExecute taint, so any pod can land on it "
+                   "(use --strict-taints to fail on this)", expected="a NoSchedule taint", actual="no taints")
+
+
+def _first_tainted(pool):
+    return next((n for n in pool.nodes if any(t.get("effect") == "NoSchedule" for t in n.taints)), None)
+
+
+def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, check):
+    node = _first_tainted(gpu_pool)
+    if node is None:
+        check.skip("untolerating-pod-kept-off", f"pool {gpu_pool.name} has no node with a NoSchedule taint")
+    name = f"no-toleration-{node.name}"[:63]
+    scratch.create(pod(name, node=node.name))
+    p = run.wait_pod(name, settled, target.timeout(60), "to be placed or refused by the scheduler")
+    outcome = pod_outcome(p)
+    check.true("untolerating-pod-kept-off", outcome.startswith("unschedulable") and "taint" in outcome,
+               expected="Pending: the scheduler refuses the node for an untolerated taint", actual=outcome,
+               what="a pod without tolerations pinned to the tainted GPU node", target=node.name)
+
+
+def test_tolerating_gpu_pod_lands(gpu_pool, scratch, run, target, check):
+    node = _first_tainted(gpu_pool) or gpu_pool.nodes[0]
+    name = f"tolerating-{node.name}"[:63]
+    scratch.create(pod(name, one_device(node), node=node.name, tolerations=tolerations_for(node)))
+    p = run.wait_pod(name, settled, target.timeout(90), "to be placed or refused by the scheduler")
+    check.equal("tolerating-gpu-pod-lands", f"running on {node.name}", pod_outcome(p),
+                what=f"a pod asking {one_device(node)} that tolerates {node.taint_strings()}", target=node.name)
