@@ -127,3 +127,31 @@ def pod_outcome(pod) -> str:
 def settled(pod) -> bool:
     """Running, finished, or refused by the scheduler: the scheduler has made up its mind."""
     return pod.status.phase in ("Running", "Succeeded", "Failed") or pod_outcome(pod).startswith("unschedulable")
+
+
+def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe"
+             ) -> list[dict]:
+    """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results."""
+    from . import workloads
+
+    cm = workloads.configmap(labels=run.labels, namespace=run.namespace)
+    obj, err = run.try_apply(cm)
+    if err is not None and err.status != 409:          # 409: shipped already in this run
+        raise err
+    names = [f"{prefix}-{node.name}-{i}"[:63] for i in range(count)]
+    (resource, amount), = limits.items()
+    for name in names:
+        run.apply(workloads.workload_pod(name, "probe.py", args, labels=run.labels, namespace=run.namespace,
+                                         gpus=amount, resource=resource, node=node.name))
+    run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
+                  target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
+    return [workloads.parse_result(run.pod_logs(n), what=f"probe pod {n}") for n in names]
+
+
+def visible_device_ids(result: dict) -> list[str]:
+    """What the device plugin handed the container: NVIDIA_VISIBLE_DEVICES, else the CUDA device UUIDs."""
+    env = result.get("env") or {}
+    ids = env.get("NVIDIA_VISIBLE_DEVICES") or env.get("CUDA_VISIBLE_DEVICES")
+    if ids and ids not in ("all", "void", "none"):
+        return [i.strip() for i in ids.split(",") if i.strip()]
+    return [d.get("uuid") or "" for d in result.get("torch_devices", [])]

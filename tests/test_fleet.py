@@ -93,8 +93,8 @@ def test_pool_nodes_match_device_plugin_and_gfd(case):
 def test_shipped_fleets_are_valid():
     assert {"mixed", "minimal"} <= set(shipped_fleets())
     mixed = load_fleet("mixed")
-    assert [p.name for p in mixed.pools] == ["a100", "h100-mig", "l4-shared", "cpu"]
-    assert mixed.node_count == 5
+    assert [p.name for p in mixed.pools] == ["a100", "h100-mig", "a100-mig-single", "l4-shared", "cpu"]
+    assert mixed.node_count == 6
 
 
 def test_faults_change_only_the_named_node():

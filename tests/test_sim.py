@@ -28,15 +28,16 @@ def pod(name: str, limits: dict | None = None, tolerate: bool = True, **spec) ->
 def test_gpu_pod_is_scheduled_on_a_gpu_node_and_runs(run_in):
     run_in.apply(pod("one-gpu", {"nvidia.com/gpu": "1"}))
     p = run_in.wait_running("one-gpu", timeout=60)
-    assert p.spec.node_name in {"a100-0", "a100-1", "l4-shared-0"}
+    assert p.spec.node_name in {"a100-0", "a100-1", "a100-mig-single-0", "l4-shared-0"}
 
 
 def test_pod_asking_too_many_gpus_stays_pending_with_insufficient_event(run_in):
-    run_in.apply(pod("sixteen", {"nvidia.com/gpu": "16"}))
-    ev = run_in.wait_event("sixteen", "FailedScheduling", timeout=60)
+    most = max(int(n["status"]["capacity"].get("nvidia.com/gpu", 0)) for n in load_fleet("mixed").node_objects())
+    run_in.apply(pod("too-many", {"nvidia.com/gpu": str(most + 1)}))
+    ev = run_in.wait_event("too-many", "FailedScheduling", timeout=60)
     assert "Insufficient nvidia.com/gpu" in ev.message
-    assert run_in.pod("sixteen").status.phase == "Pending"
-    assert run_in.pod("sixteen").spec.node_name is None
+    assert run_in.pod("too-many").status.phase == "Pending"
+    assert run_in.pod("too-many").spec.node_name is None
 
 
 def test_mig_pod_lands_only_on_the_mig_node(run_in):
@@ -61,7 +62,7 @@ def test_job_pods_complete(run_in):
     assert done[0].metadata.labels["gpuproof.dev/run"] == run_in.run_id
 
 
-@pytest.mark.parametrize("pool", ["a100", "h100-mig", "l4-shared", "cpu"])
+@pytest.mark.parametrize("pool", ["a100", "h100-mig", "a100-mig-single", "l4-shared", "cpu"])
 def test_api_nodes_carry_exactly_the_fleet_advertisement(embedded, pool):
     """What the API serves (after kwok initialised the nodes) is exactly what the fleet asked for."""
     expected = {n["metadata"]["name"]: n for n in load_fleet("mixed").pool(pool).node_objects()}

@@ -1,0 +1,113 @@
+"""MIG: partitioned GPUs are advertised, labelled and handed out one slice per pod.
+
+Mixed strategy: each ``nvidia.com/mig-<profile>`` resource equals its
+``nvidia.com/mig-<profile>.count`` label. Single strategy: ``nvidia.com/gpu`` equals the
+instance count and the product ends in ``-MIG-<profile>``. Pods asking for a profile
+land only where it exists. On real GPUs each pod sees exactly one MIG device, devices
+are distinct across pods, and visible memory is about the profile's.
+"""
+
+from gpuproof.catalog import MIG_NAME, lookup
+from gpuproof.pytest_plugin import for_nodes
+from gpuproof.suite import TOLERATE_ALL, pod, pod_outcome, probe_on, settled, visible_device_ids
+
+FEATURE = "mig"
+
+
+def mixed(n):
+    """nodes with the mixed MIG strategy"""
+    return n.mig_strategy == "mixed"
+
+
+def single(n):
+    """nodes with the single MIG strategy"""
+    return n.mig_strategy == "single"
+
+
+@for_nodes(mixed)
+def test_mixed_resources_match_count_labels(gpu_node, check):
+    n = gpu_node
+    labels, resources = n.mig_count_labels, n.mig_resources
+    for profile in sorted(set(labels) | set(resources)):
+        res = f"nvidia.com/mig-{profile}"
+        expected = labels.get(profile)
+        check.equal("mig-capacity-matches-count", expected, resources.get(profile),
+                    what=f"capacity of {res} vs label {res}.count")
+        check.equal("mig-allocatable-matches-count", expected, n.allocatable_of(res),
+                    what=f"allocatable of {res} vs label {res}.count")
+
+
+@for_nodes(mixed)
+def test_mixed_profiles_exist_on_product(gpu_node, check):
+    product = lookup(gpu_node.product)
+    if product is None:
+        check.skip("mig-profile-known", f"gpuproof has no MIG table for {gpu_node.product}")
+    valid = sorted(p.name for p in product.mig)
+    for profile in sorted(set(gpu_node.mig_resources) | set(gpu_node.mig_count_labels)):
+        check.true("mig-profile-known", profile in valid, expected=f"a {gpu_node.product} profile: {valid}",
+                   actual=f"nvidia.com/mig-{profile}", what="advertised MIG profile")
+
+
+@for_nodes(single)
+def test_single_strategy_advertisement(gpu_node, check):
+    n = gpu_node
+    check.equal("mig-single-count", n.count_label, n.allocatable_of("nvidia.com/gpu"),
+                what="allocatable nvidia.com/gpu vs nvidia.com/gpu.count (MIG instances)")
+    base, sep, profile = n.product.partition("-MIG-")
+    profile = profile.removesuffix("-SHARED")
+    known = lookup(base)
+    ok = bool(sep) and bool(MIG_NAME.match(profile)) and (known is None or known.mig_profile(profile) is not None)
+    check.true("mig-single-product", ok, expected="<product>-MIG-<profile of that product>", actual=n.product,
+               what="nvidia.com/gpu.product under the single strategy")
+
+
+def test_profile_pods_land_only_where_the_profile_exists(discovery, run, scratch, target, check):
+    where: dict[str, set[str]] = {}
+    for n in discovery.gpu_nodes:
+        for profile, count in n.mig_resources.items():
+            if count > 0:
+                where.setdefault(profile, set()).add(n.name)
+    if not where:
+        check.skip("mig-placement", "no node advertises MIG resources (mixed strategy)")
+    for profile, nodes in sorted(where.items()):
+        name = f"mig-{profile.replace('.', '-')}"
+        scratch.create(pod(name, {f"nvidia.com/mig-{profile}": 1}, tolerations=TOLERATE_ALL))
+        p = run.wait_pod(name, settled, target.timeout(90), "to be placed or refused")
+        check.true("mig-placement", p.status.phase == "Running" and p.spec.node_name in nodes,
+                   expected=f"running on one of {sorted(nodes)}", actual=pod_outcome(p),
+                   what=f"a pod asking nvidia.com/mig-{profile}", target=f"profile/{profile}")
+    absent = "7g.999gb"
+    scratch.create(pod("mig-absent", {f"nvidia.com/mig-{absent}": 1}, tolerations=TOLERATE_ALL))
+    p = run.wait_pod("mig-absent", settled, target.timeout(60), "to be placed or refused")
+    check.true("mig-absent-profile-waits", pod_outcome(p).startswith("unschedulable"),
+               expected=f"Pending: no node has nvidia.com/mig-{absent}", actual=pod_outcome(p),
+               what="a pod asking a profile no node advertises", target="cluster")
+
+
+@for_nodes(lambda n: n.mig_strategy in ("mixed", "single"))
+def test_each_pod_gets_its_own_mig_device(gpu_pool, run, target, check, needs_real_gpus):
+    node = gpu_pool.nodes[0]
+    if node.mig_strategy == "mixed":
+        profile = max(node.mig_resources, key=node.mig_resources.get)
+        limits, count = {f"nvidia.com/mig-{profile}": 1}, min(node.mig_resources[profile], 4)
+    else:
+        profile = node.product.partition("-MIG-")[2].removesuffix("-SHARED")
+        limits, count = {"nvidia.com/gpu": 1}, min(node.count_label or 1, 4)
+    prof = (lookup(node.product.partition("-MIG-")[0]) or lookup(node.product))
+    mem_mib = prof.mig_profile(profile).memory_mib if prof and prof.mig_profile(profile) else None
+    args = ("--alloc-mib", str(int(mem_mib * 1.1))) if mem_mib else ()
+    results = probe_on(run, target, node, count, limits, args=args, prefix="mig-probe")
+    seen = [visible_device_ids(r) for r in results]
+    check.equal("one-mig-device-per-pod", [1] * count, [len(s) for s in seen],
+                what=f"MIG devices visible in each of {count} pods asking {limits}", target=node.name)
+    flat = [i for s in seen for i in s]
+    check.equal("mig-devices-distinct", len(flat), len(set(flat)),
+                what=f"distinct MIG devices across pods ({', '.join(flat)})", target=node.name)
+    if mem_mib:
+        mems = [d.get("memory_total_mib") for r in results for d in r.get("torch_devices", [])]
+        check.true("mig-memory-capped", all(m and 0.85 * mem_mib <= m <= 1.15 * mem_mib for m in mems),
+                   expected=f"about {mem_mib} MiB per device ({profile})", actual=mems,
+                   what="memory visible to each pod", target=node.name)
+        allocs = [r.get("alloc", {}).get("ok") for r in results]
+        check.equal("mig-alloc-beyond-fails", [False] * count, allocs,
+                    what=f"allocating {int(mem_mib * 1.1)} MiB (110% of the slice) in each pod", target=node.name)

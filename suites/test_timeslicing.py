@@ -1,0 +1,99 @@
+"""Time-slicing: one GPU shared by several pods.
+
+On time-sliced nodes allocatable = gpu.count x gpu.replicas (as ``nvidia.com/gpu.shared``
+when renamed) and the product label ends in ``-SHARED``; that many one-GPU pods run on
+the node at the same moment and one more waits; with ``failRequestsGreaterThanOne`` a
+request for 2 is refused. On real GPUs every pod on one GPU sees the same GPU UUID.
+"""
+
+from gpuproof.discovery import GPU_SHARED
+from gpuproof.pytest_plugin import for_nodes
+from gpuproof.suite import TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, visible_device_ids
+
+FEATURE = "timeslicing"
+MAX_PODS = 64
+
+
+def time_sliced(n):
+    """time-sliced nodes"""
+    return n.time_sliced
+
+
+@for_nodes(time_sliced)
+def test_shared_capacity_and_product(gpu_node, check):
+    n = gpu_node
+    renamed = n.capacity_of(GPU_SHARED) is not None
+    resource = GPU_SHARED if renamed else "nvidia.com/gpu"
+    expected = (n.count_label or 0) * n.replicas
+    check.equal("shared-allocatable", expected, n.allocatable_of(resource),
+                what=f"allocatable {resource} vs gpu.count={n.count_label} x gpu.replicas={n.replicas}")
+    if not renamed:
+        check.true("shared-product-suffix", n.product.endswith("-SHARED"), expected="product ending in -SHARED",
+                   actual=n.product, what="nvidia.com/gpu.product of a time-sliced node")
+
+
+@for_nodes(time_sliced)
+def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, check):
+    node = gpu_pool.nodes[0]
+    resource = node.gpu_resource
+    slots = free_on(target.cluster, node, resource)
+    if not 1 <= slots <= MAX_PODS:
+        check.skip("co-running", f"{node.name} has {slots} free {resource} (checked for 1-{MAX_PODS})")
+    names = [f"share-{i}" for i in range(slots)]
+    peak = {"running": 0}
+
+    def all_running(cache):
+        running = sum(1 for n in names if n in cache and cache[n].status.phase == "Running"
+                      and cache[n].spec.node_name == node.name)
+        peak["running"] = max(peak["running"], running)
+        return running == slots or None
+
+    for name in names:
+        scratch.create(pod(name, {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
+    try:
+        run.wait_pods(all_running, target.timeout(120), f"{slots} pods sharing {node.name}'s GPUs to run at once")
+    except Exception:
+        pass  # the peak says how many did
+    check.equal("co-running-peak", slots, peak["running"], target=node.name,
+                what=f"one-{resource} pods Running on the node at the same moment "
+                     f"(gpu.count={node.count_label} x replicas={node.replicas})")
+    scratch.create(pod("share-extra", {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
+    extra = run.wait_pod("share-extra", settled, target.timeout(60), "to be placed or refused")
+    check.true("one-more-waits", pod_outcome(extra).startswith("unschedulable"),
+               expected=f"Pending: Insufficient {resource}", actual=pod_outcome(extra),
+               what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name)
+
+
+@for_nodes(time_sliced)
+def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
+    node = gpu_pool.nodes[0]
+    refused = target.shared_requests_refused(node)
+    if refused is None:
+        check.skip("shared-request-gt1", "unknown whether this pool's device plugin sets failRequestsGreaterThanOne"
+                   " (tell gpuproof with --shared-requests-refused POOLS)")
+    resource = node.gpu_resource
+    if free_on(target.cluster, node, resource) < 2:
+        check.skip("shared-request-gt1", f"{node.name} has fewer than 2 free {resource}")
+    scratch.create(pod("share-two", {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
+    p = run.wait_pod("share-two", lambda x: x.status.phase in ("Running", "Failed", "Succeeded")
+                     or pod_outcome(x).startswith("unschedulable"), target.timeout(90), "to run or be refused")
+    outcome = pod_outcome(p)
+    if refused:
+        check.true("shared-request-gt1-refused", outcome.startswith("failed: UnexpectedAdmissionError"),
+                   expected="Failed: UnexpectedAdmissionError (failRequestsGreaterThanOne)", actual=outcome,
+                   what=f"a pod asking 2 {resource}", target=node.name)
+    else:
+        check.equal("shared-request-gt1-allowed", f"running on {node.name}", outcome,
+                    what=f"a pod asking 2 {resource} (failRequestsGreaterThanOne not set)", target=node.name)
+
+
+@for_nodes(time_sliced)
+def test_pods_on_one_gpu_see_the_same_uuid(gpu_pool, run, target, check, needs_real_gpus):
+    node = gpu_pool.nodes[0]
+    if (node.count_label or 0) != 1:
+        check.skip("same-gpu-uuid", f"{node.name} has {node.count_label} GPUs; checked on single-GPU nodes")
+    pods = min(node.replicas, free_on(target.cluster, node, node.gpu_resource))
+    results = probe_on(run, target, node, pods, {node.gpu_resource: 1}, prefix="share-probe")
+    ids = sorted({i for r in results for i in visible_device_ids(r)})
+    check.equal("same-gpu-uuid", 1, len(ids), what=f"distinct GPUs seen by {pods} pods sharing one GPU "
+                f"({', '.join(ids)})", target=node.name)
