@@ -69,6 +69,7 @@ class Target:
         self._run_dir = None
         self._discovery = None
         self.error: GpuproofError | None = None
+        self._closed = False
 
     def progress(self, msg: str) -> None:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -172,6 +173,9 @@ class Target:
 
     def close(self, outcome: str = "") -> None:
         """Clean up everything the run created; stop a private embedded cluster. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         if self._run is not None and not self._run._cleaned:
             try:
                 self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)

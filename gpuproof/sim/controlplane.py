@@ -110,6 +110,7 @@ class SimCluster:
         self.dir = Path(state_dir) if state_dir else default_state_dir()
         self.base_port = base_port
         self._control_plane = ControlPlane()
+        self._procs: dict[str, subprocess.Popen] = {}     # children this object spawned
 
     # ------------------------------------------------------------------ paths
 
@@ -344,10 +345,19 @@ class SimCluster:
     def _spawn(self, comp: str, args: list[str]) -> subprocess.Popen:
         log = open(self.log(comp), "ab")
         try:
-            return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, cwd=self.dir)
         finally:
             log.close()
+        self._procs[comp] = proc
+        return proc
+
+    def _running(self, comp: str, state: State) -> bool:
+        # our own child: ask it (between fork and exec /proc still shows python's command line)
+        proc = self._procs.get(comp)
+        if proc is not None and proc.pid == state.pids.get(comp):
+            return proc.poll() is None
+        return _alive(state.pids[comp], state.exes[comp])
 
     def _wait_healthy(self, comp: str, state: State, deadline: float) -> None:
         base = state.base_port
@@ -363,7 +373,7 @@ class SimCluster:
         delay = 0.05
         last = ""
         while True:
-            if not _alive(state.pids[comp], state.exes[comp]):
+            if not self._running(comp, state):
                 raise ControlPlaneError(f"{comp} exited while starting. Last lines of {self.log(comp)}:\n"
                                         + _tail_file(self.log(comp)))
             try:
