@@ -102,7 +102,8 @@ def save_baseline(baseline: dict, path: str | Path) -> None:
 def load_baseline(path: str | Path) -> dict[tuple, dict]:
     path = Path(path)
     if not path.is_file():
-        raise GpuproofError(f"baseline file {path} not found (make one with `gpuproof report baseline make RUN -o {path}`)")
+        raise GpuproofError(f"baseline file {path} not found "
+                            f"(make one with `gpuproof report baseline make RUN -o {path}`)")
     try:
         data = json.loads(path.read_text())
     except ValueError as exc:
@@ -278,7 +279,6 @@ class CheckReport:
     verdicts: list[Verdict]
     unjudged: int              # rows in run or baseline that no rule matched
     run_id: str
-    param_note: str = ""       # set by table()
 
     def count(self, status: str) -> int:
         return sum(1 for v in self.verdicts if v.status == status)
@@ -298,11 +298,15 @@ class CheckReport:
         """The judged rows; without ``everything`` only those that are not "ok"."""
         table = Table(["status", "metric", "parameters", "product", "baseline", "current", "change", "allowed", "rule"],
                       align="llllrrrll")
-        shown = [v for v in self.verdicts if everything or v.status != "ok"]
-        labels = ParamLabels((v.benchmark, v.parameters) for v in shown)
-        self.param_note = labels.common_note()
-        for v in shown:
-            status = f"{STATUS_MARK[v.status]} {v.status}" if markdown else v.status.upper() if v.status == "regression" else v.status
+        labels = ParamLabels((v.benchmark, v.parameters) for v in self.verdicts)   # the same with or without --all
+        table.note = labels.common_note()
+        for v in self.verdicts:
+            if v.status == "ok" and not everything:
+                continue
+            if markdown:
+                status = f"{STATUS_MARK[v.status]} {v.status}"
+            else:
+                status = v.status.upper() if v.status == "regression" else v.status
             unit = f" {v.unit}" if v.unit else ""
             table.add(status, f"{v.benchmark}/{v.metric}", labels(v.benchmark, v.parameters), v.product or "-",
                       "" if v.baseline is None else fmt_num(v.baseline) + unit,

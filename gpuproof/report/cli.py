@@ -101,8 +101,6 @@ def _check(args) -> int:
             body = f"All {report.count('ok')} judged metrics are within their tolerance."
         else:
             body = table.to_markdown() if md else table.to_text()
-            if report.param_note:
-                body += f"\n\n{report.param_note}"
             hidden = 0 if args.all else report.count("ok")
             if hidden:
                 body += f"\n\n({hidden} metrics within tolerance not shown; --all shows them)"

@@ -20,6 +20,7 @@ from .inventory_diff import Change, changes_table, diff_inventories
 from .tables import Table, fmt_num, fmt_pct
 from .views import default_direction
 
+RUN_ID_PLACEHOLDER = "<run-id>"
 VERDICT_RANK = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
 MARK = {"fail": "❌ fail", "warn": "⚠️ warn", "skip": "⏭️ skip", "pass": "✅ pass", "": "— absent"}
 
@@ -59,7 +60,6 @@ class Comparison:
     verdict_changes: list[tuple[tuple[str, str, str], list[str]]]   # (feature, check, target) -> verdict per run
     test_changes: list[tuple[str, list[str]]]                       # pytest id -> outcome per run
     inventory_changes: list[list[Change]]                           # run i vs run 0, for i >= 1
-    param_note: str = ""                                            # set by metrics_table
 
     def run_label(self, i: int) -> str:
         run = self.runs[i]
@@ -92,7 +92,7 @@ class Comparison:
         cols += [f"{self.short(i)} vs A" for i in range(1, len(self.runs))]
         table = Table(cols, align="ll" + ("l" if self.by_product else "") + "r" * (2 * len(self.runs) - 1))
         labels = ParamLabels((m.benchmark, m.parameters) for m in self.metrics)
-        self.param_note = labels.common_note()
+        table.note = labels.common_note()
         for row in self.metrics:
             deltas = [row.delta(i) for i in range(1, len(self.runs))]
             if min_change and all(d is not None and abs(d) < min_change for d in deltas):
@@ -144,14 +144,15 @@ class Comparison:
             section(f"pytest tests whose outcome changed ({len(self.test_changes)})", table(self.tests_table()))
         for i, changes in enumerate(self.inventory_changes, start=1):
             title = f"Cluster changes {self.short(0)} -> {self.short(i)} ({len(changes)})"
-            section(title, table(changes_table(changes)) if changes else "No change in the inventory."
-                    if self.runs[0].inventory and self.runs[i].inventory else "No inventory snapshot in one of the runs.")
+            if not (self.runs[0].inventory and self.runs[i].inventory):
+                section(title, "No inventory snapshot in one of the runs.")
+            else:
+                section(title, table(changes_table(changes)) if changes else "No change in the inventory.")
         mt = self.metrics_table(md, min_change)
         note = "" if self.by_product else ("Runs share no GPU product: metrics matched on benchmark, metric and "
                                            "parameters only.\n\n" if md else
                                            "(runs share no GPU product: matched on benchmark, metric, parameters)\n")
-        body = table(mt) + (f"\n\n{self.param_note}" if self.param_note else "") if len(mt) else "No metrics to compare."
-        section(f"Metrics ({len(mt)} rows)", note + body)
+        section(f"Metrics ({len(mt)} rows)", note + (table(mt) if len(mt) else "No metrics to compare."))
         return "\n".join(out).rstrip() + "\n"
 
     def to_json(self) -> dict:
@@ -199,10 +200,12 @@ def compare_runs(runs: list[Run], by: str = "auto") -> Comparison:
 
     verdicts = []
     for run in runs:
-        per = {}
-        for key, group in run.checks.groupby(["feature", "check", "target"]) if not run.checks.empty else []:
-            per[tuple(key)] = _worst(list(group["verdict"]))
-        verdicts.append(per)
+        per: dict[tuple, list[str]] = {}
+        for r in run.checks.to_dict("records") if not run.checks.empty else []:
+            # targets named after the run (namespace/gpuproof-<run-id>-quota) match across runs
+            target = r["target"].replace(run.run_id, RUN_ID_PLACEHOLDER) if run.run_id else r["target"]
+            per.setdefault((r["feature"], r["check"], target), []).append(r["verdict"])
+        verdicts.append({key: _worst(vs) for key, vs in per.items()})
     verdict_changes = []
     for key in sorted(set().union(*verdicts)):
         vs = [v.get(key, "") for v in verdicts]

@@ -31,7 +31,8 @@ JUNIT_FILE = "junit.xml"
 SUMMARY_FILE = "summary.md"
 HTML_FILE = "report.html"
 
-CHECK_COLUMNS = ("feature", "check", "target", "verdict", "expected", "actual", "message", "pool", "product", "run_id", "ts")
+CHECK_COLUMNS = ("feature", "check", "target", "verdict", "expected", "actual", "message", "pool", "product",
+                 "run_id", "ts")
 METRIC_COLUMNS = ("benchmark", "metric", "value", "unit", "parameters", "node", "product", "cluster", "run_id", "ts")
 # Columns of samples.jsonl that identify a sample rather than measure something.
 SAMPLE_ID_COLUMNS = {
@@ -56,7 +57,9 @@ def canonical_params(value: Any) -> str:
             parsed = json.loads(value)
         except ValueError:
             return json.dumps({"value": value})
-        return json.dumps(parsed, sort_keys=True, default=str) if isinstance(parsed, dict) else json.dumps({"value": parsed})
+        if not isinstance(parsed, dict):
+            parsed = {"value": parsed}
+        return json.dumps(parsed, sort_keys=True, default=str)
     return json.dumps({"value": value}, default=str)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import re
 from typing import Any
 
 from .tables import Table, name_list
@@ -29,7 +30,7 @@ SUMMARY_FIELDS = ("pool", "gpu", "product", "gpu_count", "gpu_memory_mib", "driv
 # Node keys compared specially (or not at all).
 _STRUCTURED = {"name", "labels", "capacity", "allocatable", "taints"}
 # Top-level keys that identify a snapshot rather than describe the cluster.
-_IDENTITY = {"captured", "cluster", "nodes"}
+_IDENTITY = {"captured", "cluster", "nodes", "gpu_nodes"}   # gpu_nodes: a count the node changes explain
 
 # Labels a summarized field represents: skipped whenever the node has that field.
 COVERED_LABELS = {
@@ -44,19 +45,20 @@ COVERED_LABELS = {
     "gpu": ("nvidia.com/gpu.present",),
 }
 
-# (primary, follower): when both changed on one node, the follower is folded into the
-# primary. Patterns are globs on Change.field; "{r}" stands for any resource name.
+# (follower, primary): when both changed on one node, the follower is folded into the
+# primary. The follower is a regular expression on Change.field; the primary may use
+# its named group {r}. The first rule whose primary also changed wins; chains resolve
+# to the root (a MIG label -> its capacity -> the MIG strategy).
+_MIG_LABEL = r"label/nvidia\.com/mig-(?P<r>.+?)\.(count|memory|multiprocessors|slices\..+|engines\..+)"
 FOLDS = (
-    ("driver_version", "cuda_version"),
-    ("replicas", "capacity/nvidia.com/gpu*"),
-    ("sharing_strategy", "capacity/nvidia.com/gpu*"),
-    ("mig_strategy", "capacity/nvidia.com/*"),
-    ("capacity/nvidia.com/gpu", "gpu_count"),
-    ("capacity/{r}", "allocatable/{r}"),
-    ("product", "gpu_memory_mib"),
-    ("product", "label/nvidia.com/gpu.family"),
-    ("product", "label/nvidia.com/gpu.compute.*"),
-    ("product", "label/nvidia.com/gpu.machine"),
+    (r"cuda_version", "driver_version"),
+    (r"capacity/nvidia\.com/gpu.*", "replicas"),
+    (r"capacity/nvidia\.com/gpu.*", "sharing_strategy"),
+    (r"capacity/nvidia\.com/.+|product|gpu_count|gpu_memory_mib", "mig_strategy"),
+    (r"gpu_count", "capacity/nvidia.com/gpu"),
+    (r"allocatable/(?P<r>.+)", "capacity/{r}"),
+    (_MIG_LABEL, "capacity/nvidia.com/mig-{r}"),
+    (r"gpu_memory_mib|label/nvidia\.com/gpu\.(family|compute\..+)", "product"),
 )
 
 
@@ -148,19 +150,13 @@ def _fold(changes: list[Change]) -> list[Change]:
     """Fold changes that follow from another change on the same node into it."""
     by_field = {c.field: c for c in changes}
     parent: dict[str, str] = {}
-    for primary, follower in FOLDS:
+    for follower, primary in FOLDS:
         for field in by_field:
-            if "{r}" in follower:
-                prefix = follower.split("{r}")[0]
-                if not field.startswith(prefix):
-                    continue
-                resource = field[len(prefix):]
-                target = primary.replace("{r}", resource)
-            elif fnmatch.fnmatchcase(field, follower):
-                target = primary
-            else:
+            match = re.fullmatch(follower, field)
+            if not match or field in parent:
                 continue
-            if target in by_field and target != field and field not in parent:
+            target = primary.format(**match.groupdict())
+            if target in by_field and target != field:
                 parent[field] = target
 
     def root(field: str) -> str:
@@ -215,16 +211,16 @@ def group_changes(changes: list[Change]) -> list[tuple[Change, list[str]]]:
 
 
 def changes_table(changes: list[Change]) -> Table:
-    table = Table(["what", "before", "after", "where", "nodes"], align="lllll")
+    table = Table(["change", "before", "after", "where", "nodes", "follows from it"], align="llllrl")
     for c, nodes in group_changes(changes):
-        what = c.field + (f" (also {c.also})" if c.also else "")
+        what = c.field
         before = "" if c.before is None else _show(c.before)
         after = "" if c.after is None else _show(c.after)
         if c.field == "node":
             what = "node added" if c.before is None else "node removed"
         elif c.field == "taint":
             what = "taint added" if c.before is None else "taint removed"
-        table.add(what, before, after, name_list(nodes), str(len(nodes)) if c.node else "")
+        table.add(what, before, after, name_list(nodes), str(len(nodes)) if c.node else "", c.also)
     return table
 
 

@@ -18,11 +18,13 @@ from .views import (
     inference_table_rows,
     matmul_bars,
     other_metrics,
+    product_pools,
     problem_checks,
     skip_reasons,
     utilization_rows,
 )
 
+OTHER_METRICS = "Other metrics"
 MAX_ROWS = 50          # rows per table before "... and N more"
 ICON = {"pass": "✅", "fail": "❌", "warn": "⚠️", "skip": "⏭️", "": ""}
 
@@ -69,11 +71,12 @@ def _md(table: Table, limit: int = MAX_ROWS) -> str:
     return text
 
 
-def failures_table(checks: list[dict], html: bool = False) -> Table:
-    """Failed (or warned) checks; identical ones on several nodes share a row."""
+def failures_table(checks: list[dict], html: bool = False, products: dict[str, str] | None = None) -> Table:
+    """Failed (or warned) checks; identical ones on several nodes share a row.
+    ``products`` (product -> pool) places product-level checks in their pool."""
     table = Table(["verdict" if html else "", "feature", "check", "node / target", "pool", "expected", "actual",
                    "message"])
-    for g in group_problems(checks):
+    for g in group_problems(checks, products):
         targets = name_list(g["targets"])
         if html:
             table.add(Cell(g["verdict"], css=f"v-{g['verdict']}"), g["feature"], g["check"],
@@ -87,7 +90,7 @@ def failures_table(checks: list[dict], html: bool = False) -> Table:
 
 
 def matrix_table(run: Run, icons: bool = True) -> Table:
-    m = check_matrix(run.checks)
+    m = check_matrix(run.checks, product_pools(run.inventory))
     table = Table(["feature"] + m.pools, align="l" + "l" * len(m.pools))
     for f in m.features:
         cells = []
@@ -150,11 +153,12 @@ def benchmark_tables(run: Run) -> list[tuple[str, Table]]:
     if not rest.empty:
         rows = rest.to_dict("records")
         labels = ParamLabels((r["benchmark"], r["parameters"]) for r in rows)
-        t = Table(["benchmark", "metric", "parameters", "product", "node", "value"], align="lllllr")
+        t = Table(["benchmark", "metric", "parameters", "product", "node", "value"], align="lllllr",
+                  note=labels.common_note())
         for r in rows:
             t.add(r["benchmark"], r["metric"], labels(r["benchmark"], r["parameters"]), r["product"], r["node"],
                   f"{fmt_num(r['value'])} {r['unit']}".strip())
-        out.append(("Other metrics", t))
+        out.append((OTHER_METRICS, t))
     return out
 
 
@@ -170,14 +174,15 @@ def render_summary(run: Run) -> str:
         lines += ["> **This run recorded no checks, no metrics, no samples and no junit.xml.** "
                   "It may have been interrupted before the first check ran.", ""]
         return "\n".join(lines)
-    lines += [counts_table(run).to_markdown(), ""]
+    if not run.checks.empty or run.junit:
+        lines += [counts_table(run).to_markdown(), ""]
 
     fails = problem_checks(run.checks, ("fail",))
     junit_problems = run.junit.problems() if run.junit else []
     if fails or junit_problems:
         lines += [f"### ❌ Failures ({len(fails) + len(junit_problems)})", ""]
         if fails:
-            lines += [_md(failures_table(fails)), ""]
+            lines += [_md(failures_table(fails, products=product_pools(run.inventory))), ""]
         if junit_problems:
             t = Table(["", "pytest test", "message"])
             for c in junit_problems:
@@ -185,7 +190,8 @@ def render_summary(run: Run) -> str:
             lines += [_md(t), ""]
     warns = problem_checks(run.checks, ("warn",))
     if warns:
-        lines += [f"### ⚠️ Warnings ({len(warns)})", "", _md(failures_table(warns)), ""]
+        table = failures_table(warns, products=product_pools(run.inventory))
+        lines += [f"### ⚠️ Warnings ({len(warns)})", "", _md(table), ""]
 
     if not run.checks.empty:
         lines += ["### Results by feature and pool", "", _md(matrix_table(run), 100), ""]
@@ -201,7 +207,10 @@ def render_summary(run: Run) -> str:
         lines += ["<details><summary>Skip reasons</summary>", "", _md(t), "", "</details>", ""]
 
     for title, table in benchmark_tables(run):
-        lines += [f"### {title}", "", _md(table), ""]
+        if title == OTHER_METRICS:   # long and secondary: folded
+            lines += [f"<details><summary>{title} ({len(table)})</summary>", "", _md(table), "", "</details>", ""]
+        else:
+            lines += [f"### {title}", "", _md(table), ""]
 
     if run.inventory.get("nodes"):
         lines += ["<details><summary>Cluster inventory</summary>", "", _md(fleet_table(run.inventory)), "",

@@ -94,11 +94,13 @@ def _frame(chart_id: str, title: str, x: _Axis, y: _Axis, xticks, yticks, x_fmt,
     for t in xticks:
         px = x(t)
         out.append(f'<line class="xgrid" x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{H - BOTTOM}"/>')
-        out.append(f'<text class="tick" x="{px:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">{_esc(x_fmt(t))}</text>')
+        out.append(f'<text class="tick" x="{px:.1f}" y="{H - BOTTOM + 16}" text-anchor="middle">'
+                   f'{_esc(x_fmt(t))}</text>')
     out.append('</g>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{W - RIGHT}" y1="{H - BOTTOM}" y2="{H - BOTTOM}"/>')
     out.append(f'<line class="axis" x1="{LEFT}" x2="{LEFT}" y1="{TOP}" y2="{H - BOTTOM}"/>')
-    out.append(f'<text class="label" x="{(LEFT + W - RIGHT) / 2:.0f}" y="{H - 6}" text-anchor="middle">{_esc(x_label)}</text>')
+    out.append(f'<text class="label" x="{(LEFT + W - RIGHT) / 2:.0f}" y="{H - 6}" text-anchor="middle">'
+               f'{_esc(x_label)}</text>')
     out.append(f'<text class="label" transform="translate(14 {(TOP + H - BOTTOM) / 2:.0f}) rotate(-90)" '
                f'text-anchor="middle">{_esc(y_label)}</text>')
     return out
@@ -188,13 +190,16 @@ def bar_chart(categories: Sequence[str], groups: Sequence[tuple[str, Sequence[fl
             x0 = LEFT + slot * (c + 0.5) - bar_w * n_grp / 2 + g * bar_w
             top = y(v)
             ref = refs[g][c] if refs and g < len(refs) and c < len(refs[g]) else None
-            tip = f"{name} · {categories[c]}: {y_fmt(v)}" + (f" of {y_fmt(ref)} {ref_name} ({v / ref:.0%})" if ref else "")
+            tip = f"{name} · {categories[c]}: {y_fmt(v)}"
+            if ref:
+                tip += f" of {y_fmt(ref)} {ref_name} ({v / ref:.0%})"
             out.append(f'<rect x="{x0 + 1:.1f}" y="{top:.1f}" width="{bar_w - 2:.1f}" '
                        f'height="{H - BOTTOM - top:.1f}" stroke="none"><title>{_esc(tip)}</title></rect>')
             if ref:
                 ry = y(ref)
                 out.append(f'<line class="ref" x1="{x0:.1f}" x2="{x0 + bar_w:.1f}" y1="{ry:.1f}" y2="{ry:.1f}" '
-                           f'stroke-width="2" stroke-dasharray="4 2"><title>{_esc(ref_name)} {_esc(y_fmt(ref))}</title></line>')
+                           f'stroke-width="2" stroke-dasharray="4 2">'
+                           f'<title>{_esc(ref_name)} {_esc(y_fmt(ref))}</title></line>')
                 out.append(f'<text class="pct" x="{x0 + bar_w / 2:.1f}" y="{top - 3:.1f}" text-anchor="middle" '
                            f'stroke="none">{v / ref:.0%}</text>')
         out.append('</g>')

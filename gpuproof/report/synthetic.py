@@ -70,8 +70,12 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testcase classname="suites.test_advertisement" name="test_capacity_matches_count[h100]" time="0.7"/>
 <testcase classname="suites.test_labels" name="test_gfd_labels_present" time="1.1">{label_failure}</testcase>
 <testcase classname="suites.test_scheduling" name="test_gpu_pod_lands_on_gpu_node" time="4.2"/>
-<testcase classname="suites.test_mig" name="test_mig_profiles" time="0.0"><skipped type="pytest.skip" message="no MIG-enabled pool in this fleet">suites/test_mig.py:12: no MIG-enabled pool in this fleet</skipped></testcase>
-<testcase classname="suites.test_gpu" name="test_nvidia_smi_in_pod" time="0.0"><skipped type="pytest.skip" message="needs a real GPU (embedded cluster)">suites/test_gpu.py:8: needs a real GPU</skipped></testcase>
+<testcase classname="suites.test_mig" name="test_mig_profiles" time="0.0">
+  <skipped type="pytest.skip" message="no MIG-enabled pool in this fleet">suites/test_mig.py:12: no MIG</skipped>
+</testcase>
+<testcase classname="suites.test_gpu" name="test_nvidia_smi_in_pod" time="0.0">
+  <skipped type="pytest.skip" message="needs a real GPU (embedded cluster)">suites/test_gpu.py:8: no GPU</skipped>
+</testcase>
 </testsuite></testsuites>
 """
 
@@ -97,7 +101,8 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
 
     gpu_nodes = [n for n in inventory["nodes"] if n.get("gpu")]
     for n in inventory["nodes"]:
-        ok = {"feature": "advertisement", "target": n["name"], "pool": n.get("pool", ""), "product": n.get("product", "")}
+        ok = {"feature": "advertisement", "target": n["name"], "pool": n.get("pool", ""),
+              "product": n.get("product", "")}
         want = str(n.get("gpu_count", 0))
         got = n.get("capacity", {}).get("nvidia.com/gpu", "0")
         run.add_check(CheckRecord(check="capacity-matches-count", verdict="pass" if got == want else "fail",
@@ -154,7 +159,8 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
                                             base * mult * factor("inference", f"latency_p{pct}_ms"), "ms", params,
                                             node=node, product=product))
             thr = min(rps, 55 / speed) * factor("inference", "throughput_rps")
-            run.add_metric(MetricRecord("inference", "throughput_rps", thr, "req/s", params, node=node, product=product))
+            run.add_metric(MetricRecord("inference", "throughput_rps", thr, "req/s", params, node=node,
+                                        product=product))
             run.add_metric(MetricRecord("inference", "error_rate", 0.0 if rps < 60 else 0.02, "", params, node=node,
                                         product=product))
     run.add_metric(MetricRecord("scheduling", "pod_start_p50_s", 1.8 * factor("scheduling", "pod_start_p50_s"), "s",

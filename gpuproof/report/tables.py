@@ -95,6 +95,7 @@ class Table:
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     align: str = ""          # one letter per column: l | r (default l)
     css: str = ""            # extra class for the HTML table
+    note: str = ""           # a line shown under the table
 
     def add(self, *cells: Any) -> None:
         self.rows.append(list(cells))
@@ -119,7 +120,10 @@ class Table:
             return "  ".join(out).rstrip()
 
         sep = "  ".join("-" * w for w in widths)
-        return "\n".join([line(list(self.columns)), sep] + [line(r) for r in cells])
+        return "\n".join([line(list(self.columns)), sep] + [line(r) for r in cells]) + self._note("\n\n{}")
+
+    def _note(self, template: str) -> str:
+        return template.format(self.note) if self.note else ""
 
     def to_markdown(self, max_width: int = 200) -> str:
         def esc(value: Any) -> str:
@@ -128,7 +132,7 @@ class Table:
         head = "| " + " | ".join(esc(c) for c in self.columns) + " |"
         rule = "|" + "|".join("---:" if self._al(i) == "r" else "---" for i in range(len(self.columns))) + "|"
         body = ["| " + " | ".join(esc(c) for c in row) + " |" for row in self.rows]
-        return "\n".join([head, rule] + body)
+        return "\n".join([head, rule] + body) + self._note("\n\n{}")
 
     def to_html(self, sortable: bool = True) -> str:
         cls = " ".join(x for x in ("data", "sortable" if sortable else "", self.css) if x)
@@ -150,4 +154,5 @@ class Table:
                 tds.append(f"<td{attr}{title}>{text}</td>")
             body.append("<tr>" + "".join(tds) + "</tr>")
         return (f'<div class="table-wrap"><table class="{cls}"><thead><tr>{head}</tr></thead>'
-                f'<tbody>{"".join(body)}</tbody></table></div>')
+                f'<tbody>{"".join(body)}</tbody></table></div>'
+                + self._note(f'<p class="note">{html.escape(self.note)}</p>'))

@@ -165,16 +165,17 @@ def allreduce_peaks(metrics) -> list[dict]:
     if df.empty:
         return []
     out = []
-    df["world_size"] = [p.get("world_size", "") for p in df["params"]]
-    df["dtype"] = [p.get("dtype", "") for p in df["params"]]
-    for (product, ws, dtype), group in df.groupby(["product", "world_size", "dtype"], sort=True):
-        sized = group[group["metric"] == "busbw"]
-        best = sized.loc[sized["value"].idxmax()] if not sized.empty else None
-        avg = group[group["metric"] == "avg_busbw"]["value"]
+    df["world_size"] = [str(p.get("world_size", "")) for p in df["params"]]
+    df["dtype"] = [str(p.get("dtype", "")) for p in df["params"]]
+    sized = df[df["metric"] == "busbw"]
+    avgs = df[df["metric"] == "avg_busbw"]   # per run of the sweep: may name no dtype
+    for (product, ws, dtype), group in sized.groupby(["product", "world_size", "dtype"], sort=True):
+        best = group.loc[group["value"].idxmax()]
+        avg = avgs[(avgs["product"] == product) & (avgs["world_size"] == ws)
+                   & avgs["dtype"].isin([dtype, ""])]["value"]
         out.append({
             "product": product, "world_size": ws, "dtype": dtype,
-            "peak_busbw": float(best["value"]) if best is not None else None,
-            "at_size": best["params"].get("size_bytes") if best is not None else None,
+            "peak_busbw": float(best["value"]), "at_size": best["params"].get("size_bytes"),
             "avg_busbw": float(avg.mean()) if not avg.empty else None,
         })
     return out
@@ -243,14 +244,27 @@ def _series(df, xcol: str) -> list[Series]:
 VERDICT_ORDER = ("fail", "warn", "skip", "pass")
 
 
-def pool_of(check: dict) -> str:
-    """The pool a check belongs to: its pool field, a ``pool/<name>`` target, else "cluster"."""
+def product_pools(inventory: dict) -> dict[str, str]:
+    """GPU product -> pool, for the products that live in exactly one pool."""
+    pools: dict[str, set] = {}
+    for n in inventory.get("nodes") or []:
+        if n.get("product") and n.get("pool"):
+            pools.setdefault(n["product"], set()).add(n["pool"])
+    return {product: next(iter(p)) for product, p in pools.items() if len(p) == 1}
+
+
+def pool_of(check: dict, products: dict[str, str] | None = None) -> str:
+    """The pool a check belongs to: its pool field, a ``pool/<name>`` target, the one pool
+    that has its product (``products`` from :func:`product_pools`), else cluster/other."""
     if check.get("pool"):
         return str(check["pool"])
     target = str(check.get("target") or "")
     if target.startswith("pool/"):
         return target[len("pool/"):]
-    return "cluster" if target in ("", "cluster") else "(no pool)"
+    product = check.get("product") or (target[len("product/"):] if target.startswith("product/") else "")
+    if product and products and product in products:
+        return products[product]
+    return "cluster" if target in ("", "cluster") else "other"
 
 
 @dataclasses.dataclass
@@ -269,18 +283,18 @@ class Matrix:
         return next((v for v in VERDICT_ORDER if c.get(v)), "")
 
 
-def check_matrix(checks) -> Matrix:
+def check_matrix(checks, products: dict[str, str] | None = None) -> Matrix:
     counts: dict[tuple[str, str], dict[str, int]] = {}
     features, pools = [], []
     for row in checks.to_dict("records") if not checks.empty else []:
-        feature, pool = row["feature"] or "(none)", pool_of(row)
+        feature, pool = row["feature"] or "(none)", pool_of(row, products)
         if feature not in features:
             features.append(feature)
         if pool not in pools:
             pools.append(pool)
         cell = counts.setdefault((feature, pool), {})
         cell[row["verdict"]] = cell.get(row["verdict"], 0) + 1
-    pools.sort(key=lambda p: (p in ("cluster", "(no pool)"), p))
+    pools.sort(key=lambda p: (p in ("other", "cluster"), p == "cluster", p))
     return Matrix(features, pools, counts)
 
 
@@ -293,7 +307,7 @@ def problem_checks(checks, verdicts=("fail",)) -> list[dict]:
                                        natural_key(r["target"])))
 
 
-def group_problems(rows: list[dict]) -> list[dict]:
+def group_problems(rows: list[dict], products: dict[str, str] | None = None) -> list[dict]:
     """Identical failures on several targets (same check, expected, actual and message)
     as one row, with "targets" and "pools" lists; order kept."""
     groups: dict[tuple, dict] = {}
@@ -301,8 +315,9 @@ def group_problems(rows: list[dict]) -> list[dict]:
         key = (r["verdict"], r["feature"], r["check"], r["expected"], r["actual"], r["message"])
         group = groups.setdefault(key, {**r, "targets": [], "pools": []})
         group["targets"].append(r["target"])
-        if pool_of(r) not in group["pools"]:
-            group["pools"].append(pool_of(r))
+        pool = pool_of(r, products)
+        if pool not in group["pools"]:
+            group["pools"].append(pool)
     return list(groups.values())
 
 
