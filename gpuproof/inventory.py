@@ -56,5 +56,5 @@ def snapshot_from_nodes(nodes: Iterable, cluster: str = "", kubernetes_version: 
 
 def snapshot(cluster, pool_label: str | None = None) -> dict:
     """Inventory of a live cluster (a gpuproof.cluster.Cluster)."""
-    return snapshot_from_nodes(cluster.api.sanitize_for_serialization(cluster.nodes()), cluster=cluster.name,
+    return snapshot_from_nodes(cluster.node_dicts(), cluster=cluster.name,
                                kubernetes_version=cluster.version(), pool_label=pool_label)

@@ -141,8 +141,7 @@ class Target:
             from .discovery import discover
 
             cluster = self.connect()
-            nodes = cluster.api.sanitize_for_serialization(cluster.nodes())
-            self._discovery = discover(nodes, pool_label=self.config.getoption("--pool-label"))
+            self._discovery = discover(cluster.node_dicts(), pool_label=self.config.getoption("--pool-label"))
         return self._discovery
 
     def shared_requests_refused(self, node) -> bool | None:

@@ -125,6 +125,7 @@ class RunDir:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._files: dict[str, Any] = {}     # open append handles, flushed after every write
         if meta is None and (self.path / META_FILE).exists():
             meta = RunMeta(**json.loads((self.path / META_FILE).read_text()))
         self.meta = meta or RunMeta(run_id=self.path.name)
@@ -153,12 +154,22 @@ class RunDir:
         lines = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         if not lines:
             return
-        with self._lock, open(self.path / name, "a", encoding="utf-8") as fh:
+        with self._lock:
+            fh = self._files.get(name)
+            if fh is None:
+                fh = self._files[name] = open(self.path / name, "a", encoding="utf-8")
             fh.write(lines)
+            fh.flush()                       # an interrupted run still leaves whole lines
+
+    def close(self) -> None:
+        with self._lock:
+            for fh in self._files.values():
+                fh.close()
+            self._files.clear()
 
     def add_check(self, record: CheckRecord) -> CheckRecord:
         record.run_id = record.run_id or self.run_id
-        self._append(CHECKS_FILE, [dataclasses.asdict(record)])
+        self._append(CHECKS_FILE, [dict(vars(record))])      # flat record: a shallow copy is its dict
         return record
 
     def add_metric(self, record: MetricRecord) -> MetricRecord:
@@ -201,6 +212,7 @@ class RunDir:
         """Write parquet copies of the JSONL tables and close the run's metadata."""
         import pandas as pd
 
+        self.close()
         for name in (CHECKS_FILE, METRICS_FILE, SAMPLES_FILE):
             rows = self.read(name)
             if rows:
