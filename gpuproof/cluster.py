@@ -101,9 +101,10 @@ class Cluster:
         return k8s.VersionApi(self.api).get_code().git_version
 
     def can_i(self, verb: str, resource: str, namespace: str | None = None, group: str = "") -> bool:
+        resource, _, sub = resource.partition("/")
         review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
             resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=resource, group=group,
-                                                         namespace=namespace)))
+                                                         namespace=namespace, subresource=sub or None)))
         return bool(self.auth.create_self_subject_access_review(review).status.allowed)
 
     def require_permissions(self, needed: Iterable[tuple[str, str, str]]) -> None:

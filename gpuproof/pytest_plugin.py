@@ -26,6 +26,14 @@ from .results import CheckRecord, RunDir, new_run_id
 
 REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 
+# (verb, resource, API group) a run needs; checked before anything is created
+NEEDED_PERMISSIONS = [
+    ("list", "nodes", ""), ("list", "pods", ""), ("create", "namespaces", ""), ("delete", "namespaces", ""),
+    ("create", "pods", ""), ("delete", "pods", ""), ("get", "pods/log", ""), ("create", "configmaps", ""),
+    ("create", "resourcequotas", ""), ("create", "limitranges", ""), ("list", "events", ""),
+    ("create", "priorityclasses", "scheduling.k8s.io"), ("delete", "priorityclasses", "scheduling.k8s.io"),
+]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("gpuproof", "gpuproof target and run")
@@ -91,6 +99,7 @@ class Target:
         try:
             if self.real:
                 self.cluster = connect(self.config.getoption("--kubeconfig"), self.config.getoption("--context"))
+                self.cluster.require_permissions(NEEDED_PERMISSIONS)
             else:
                 from .fleet import load_fleet
                 from .sim.controlplane import SimCluster, find_free_base
@@ -239,10 +248,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     t = get_target(metafunc.config)
     try:
         d = t.discovery()
-    except GpuproofError as exc:
-        metafunc.parametrize(wanted[0], [pytest.param(None, marks=pytest.mark.skip(reason=str(exc)))],
-                             ids=["no-cluster"])
-        return
+    except GpuproofError as exc:       # unreachable, refused, missing permissions: stop before anything runs
+        raise pytest.UsageError(f"gpuproof cannot use its target cluster: {exc}") from None
     select = getattr(metafunc.function, "gpuproof_select", None)
     if "gpu_node" in wanted:
         nodes = [n for n in d.gpu_nodes if select is None or select(n)]
@@ -297,7 +304,7 @@ def target(request) -> Target:
     try:
         t.connect()
     except GpuproofError as exc:
-        pytest.fail(f"gpuproof could not reach its target cluster: {exc}", pytrace=False)
+        pytest.fail(f"gpuproof cannot use its target cluster: {exc}", pytrace=False)
     return t
 
 
@@ -338,23 +345,24 @@ def scratch(run, target):
 @pytest.fixture
 def needs_real_gpus(discovery):
     if discovery.simulated:
-        pytest.skip(REAL_GPU_REASON)
+        raise pytest.skip.Exception(REAL_GPU_REASON, _use_item_location=True)
 
 
 class Checker:
     """Records each check's verdict and fails the test with node, expected and actual."""
 
-    def __init__(self, run_dir: RunDir, feature: str, node=None):
+    def __init__(self, run_dir: RunDir, feature: str, node=None, known_nodes: dict | None = None):
         self.run_dir = run_dir
         self.feature = feature
         self.node = node
+        self.known_nodes = known_nodes or {}
         self.failures: list[str] = []
 
     def _target(self, target: str | None) -> tuple[str, str, str]:
-        node = self.node
-        if target is None and node is not None:
-            return node.name, node.pool, node.product
-        return target or "cluster", getattr(node, "pool", "") or "", getattr(node, "product", "") or ""
+        node = self.node if target is None else self.known_nodes.get(target)
+        if node is not None:
+            return (target or node.name), node.pool, node.product
+        return target or "cluster", "", ""
 
     def record(self, check: str, verdict: str, expected: Any = "", actual: Any = "", message: str = "",
                target: str | None = None) -> CheckRecord:
@@ -395,7 +403,8 @@ class Checker:
 
     def skip(self, check: str, reason: str, target: str | None = None):
         self.record(check, "skip", message=reason, target=target)
-        pytest.skip(reason)
+        # reported at the test's location, not here
+        raise pytest.skip.Exception(reason, _use_item_location=True)
 
     def finish(self) -> None:
         if self.failures:
@@ -418,7 +427,9 @@ def check(request, run_dir):
     module = request.module
     feature = getattr(module, "FEATURE", module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
     node = request.getfixturevalue("gpu_node") if "gpu_node" in request.fixturenames else None
-    checker = Checker(run_dir, feature, node)
+    t = get_target(request.config)
+    known = {n.name: n for n in t._discovery.gpu_nodes} if t._discovery is not None else {}
+    checker = Checker(run_dir, feature, node, known)
     request.node._gpuproof_checker = checker
     return checker
 

@@ -209,6 +209,8 @@ class Inference(Benchmark):
         result = {"workload": "inference", "load": load, "server": server, "samples": samples,
                   "device": (server or {}).get("device"), "device_name": (server or {}).get("device_name"),
                   "ok": bool(load.get("ok")), "verdict": load.get("verdict")}
+        if load.get("error"):
+            result["error"] = f"load generator: {load['error']}"
         # utilization per load step, from the server's samples and the load steps' times
         t0, step = load.get("started_epoch"), load.get("step_s")
         if samples and t0 and step:

@@ -70,9 +70,6 @@ def register(sub) -> None:
 
 def _params(name: str, args) -> dict:
     sizes = args.sizes
-    if args.benchmark == "all" and sizes:
-        raise GpuproofError("--sizes is ambiguous with 'all' (matmul and allreduce sizes differ); "
-                            "use --matmul-sizes and --allreduce-sizes")
     common = {"sample_hz": args.sample_hz, "threads": args.threads}
     if name == "matmul":
         return {**common, "sizes": args.matmul_sizes or sizes, "dtypes": args.dtypes, "iters": args.iters}
@@ -116,6 +113,9 @@ def _bench(args) -> int:
     if not args.local:
         raise GpuproofError("gpuproof bench runs on this host only: add --local. To benchmark a cluster's GPUs "
                             "run the bench suites: gpuproof run --kubeconfig <file> --only-bench")
+    if args.benchmark == "all" and args.sizes:
+        raise GpuproofError("--sizes is ambiguous with 'all' (matmul and allreduce sizes differ); "
+                            "use --matmul-sizes and --allreduce-sizes")
     from ..results import RunDir
     from . import names
     from .benchmarks import run_and_record

@@ -16,6 +16,7 @@ from . import get
 from .benchmarks import run_and_record
 
 IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
+MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at most this many nodes (default 4)
 LOADGEN_IMAGE_ENV = "GPUPROOF_LOADGEN_IMAGE"
 
 
@@ -25,10 +26,35 @@ def image() -> str:
     return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
 
 
+def multinode_count(nodes: list) -> int:
+    return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
+
+
 def is_simulated(target, discovery=None) -> bool:
     if getattr(target, "is_embedded", False):
         return True
     return bool(discovery is not None and getattr(discovery, "simulated", False))
+
+
+REAL_ONLY = "the embedded cluster's GPU nodes are simulated (kwok): pods do not run there"
+
+
+def require_simulated(target, benchmark: str) -> None:
+    """Skip the local-CPU stand-in on a real cluster (there the benchmark runs on its GPUs)."""
+    import pytest
+
+    if not is_simulated(target):
+        pytest.skip(f"a real cluster: {benchmark} runs on its GPUs (the *_per_product tests)")
+
+
+def require_real_gpus(target, discovery, gpu_products: dict) -> None:
+    """Skip GPU-only tests on the embedded cluster or when discovery found no GPU product."""
+    import pytest
+
+    if is_simulated(target, discovery):
+        pytest.skip(REAL_ONLY)
+    if not gpu_products:
+        pytest.skip("no GPU products found in the cluster")
 
 
 def run_local_cpu(name: str, run_dir, extra: dict | None = None) -> tuple[dict, list]:

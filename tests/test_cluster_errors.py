@@ -1,0 +1,103 @@
+"""Bad targets give one clear line and create nothing: no permissions, no GPUs, unreachable."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.sim
+
+
+def _limited_kubeconfig(embedded, tmp_path) -> str:
+    """A user signed by the embedded cluster's CA that may only list nodes and create namespaces."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from kubernetes import client as k8s
+
+    pki = embedded.sim.dir / "pki"
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "limited")]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(hours=1))
+            .sign(ca_key, hashes.SHA256()))
+    (tmp_path / "limited.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "limited.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                                             serialization.PrivateFormat.PKCS8,
+                                                             serialization.NoEncryption()))
+    rbac = k8s.RbacAuthorizationV1Api(embedded.client.api)
+    rbac.create_cluster_role(k8s.V1ClusterRole(metadata=k8s.V1ObjectMeta(name="gpuproof-test-limited"), rules=[
+        k8s.V1PolicyRule(api_groups=[""], resources=["nodes"], verbs=["list", "get"]),
+        k8s.V1PolicyRule(api_groups=[""], resources=["namespaces"], verbs=["create"])]))
+    rbac.create_cluster_role_binding(k8s.V1ClusterRoleBinding(
+        metadata=k8s.V1ObjectMeta(name="gpuproof-test-limited"),
+        role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole",
+                               name="gpuproof-test-limited"),
+        subjects=[k8s.RbacV1Subject(kind="User", name="limited", api_group="rbac.authorization.k8s.io")]))
+    cfg = yaml.safe_load(embedded.sim.kubeconfig.read_text())
+    cfg["users"][0]["user"] = {"client-certificate": str(tmp_path / "limited.crt"),
+                               "client-key": str(tmp_path / "limited.key")}
+    path = tmp_path / "limited-kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_missing_permissions_named_before_anything_is_created(embedded, tmp_path):
+    import subprocess
+    import sys
+
+    from kubernetes import client as k8s
+
+    from conftest import REPO
+
+    kc = _limited_kubeconfig(embedded, tmp_path)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "suites/test_advertisement.py", f"--kubeconfig={kc}",
+                               f"--report-dir={tmp_path}", "--run-id=limited2", "-q", "-p", "no:cacheprovider"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        rbac = k8s.RbacAuthorizationV1Api(embedded.client.api)
+        rbac.delete_cluster_role_binding("gpuproof-test-limited")
+        rbac.delete_cluster_role("gpuproof-test-limited")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 1), out
+    assert "gpuproof cannot use its target cluster: the credentials for cluster" in out
+    assert "lack permissions gpuproof needs: list pods, delete namespaces, create pods" in out
+    assert "Traceback" not in out
+    assert "limited2" not in embedded.client.leftover_runs()
+
+
+def test_cluster_without_gpus_fails_discovery_clearly(embedded, tmp_path):
+    with embedded.fleet_loaded({"name": "cpu-only", "pools": [{"name": "cpu", "count": 2}]}):
+        res = embedded.run_suite("suites/test_discovery.py", "suites/test_advertisement.py", report_dir=tmp_path,
+                                 run_id="no-gpus")
+    assert res.code == 1, res
+    assert "has no node with nvidia.com/gpu.present=true or an NVIDIA GPU resource" in res.output
+    assert "expected 'at least 1 GPU node', actual '0 GPU nodes among 2'" in res.output
+    assert "no GPU nodes in the cluster" in res.output          # the per-node checks skip, saying why
+
+
+def test_unreachable_cluster_stops_the_run_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+        "clusters": [{"name": "gone", "cluster": {"server": "https://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "x"}}],
+        "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}))
+    proc = subprocess.run([sys.executable, "-m", "gpuproof.cli", "run", f"--kubeconfig={kc}",
+                           f"--report-dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "gpuproof cannot use its target cluster: cannot reach cluster gone at https://127.0.0.1:9" in out
+    assert "Traceback" not in out
