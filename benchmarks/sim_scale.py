@@ -52,7 +52,7 @@ def main() -> int:
     args = ap.parse_args()
     results: dict = {"sizes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        sim = SimCluster(Path(tmp) / "sim", base_port=find_free_base())
+        sim = SimCluster(Path(tmp) / "sim", base_port=find_free_base(), private=True)
         results["sim_up_s"], kubeconfig = timed(lambda: sim.up(load_fleet("minimal")))
         print(f"warm sim up (minimal fleet): {results['sim_up_s']:.1f}s", flush=True)
         try:

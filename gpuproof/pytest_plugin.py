@@ -108,7 +108,7 @@ class Target:
                 port = self.config.getoption("--sim-port")
                 base = find_free_base() if port == "auto" else int(port)
                 state = Path(tempfile.mkdtemp(prefix="gpuproof-sim-"))
-                self.sim = SimCluster(state, base_port=base)
+                self.sim = SimCluster(state, base_port=base, private=True)
                 self.progress(f"starting embedded cluster (fleet {self.fleet.name}, {self.fleet.node_count} nodes)")
                 kubeconfig = self.sim.up(self.fleet, progress=self.progress)
                 self.cluster = connect(str(kubeconfig))

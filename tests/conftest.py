@@ -92,7 +92,7 @@ class SuiteResult:
 def embedded(tmp_path_factory) -> EmbeddedCluster:
     """A private embedded cluster (mixed fleet) shared by the whole test session."""
     state = tmp_path_factory.mktemp("sim")
-    sim = SimCluster(state, base_port=find_free_base())
+    sim = SimCluster(state, base_port=find_free_base(), private=True)
     sim.up(load_fleet("mixed"), progress=lambda m: print(f"[sim] {m}", file=sys.stderr))
     try:
         yield EmbeddedCluster(sim)

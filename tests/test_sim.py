@@ -126,3 +126,31 @@ def test_malformed_fleet_starts_nothing(tmp_path):
     assert "pools[0].gpu.count: must be a whole number" in proc.stderr
     assert str(bad) in proc.stderr
     assert not state.exists()
+
+
+def test_private_cluster_dies_with_its_owner_even_on_sigkill(tmp_path):
+    """A test session's private cluster must not outlive it, even when the session is SIGKILLed."""
+    import json
+    import os
+    import signal
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import json, sys, threading\n"
+        "from gpuproof.sim.controlplane import SimCluster, find_free_base\n"
+        f"sim = SimCluster({str(tmp_path / 's')!r}, base_port=find_free_base(), private=True)\n"
+        "sim.up(None)\n"
+        "print(json.dumps(sim.load_state().pids), flush=True)\n"
+        "threading.Event().wait()\n")
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids = json.loads(owner.stdout.readline())
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 30
+    alive = set(pids.values())
+    while alive and time.monotonic() < deadline:      # the kernel delivers SIGKILL at once; allow for reaping
+        alive = {p for p in alive if os.path.exists(f"/proc/{p}") and
+                 open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"}
+        time.sleep(0.1)
+    assert alive == set(), f"control-plane processes outlived their SIGKILLed owner: {alive}"

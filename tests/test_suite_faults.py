@@ -175,7 +175,7 @@ def test_check_fails_when_the_control_plane_lacks_the_feature(tmp_path, case):
     control_plane, suite, keyword, check, actual_prefix = CONTROL_PLANE_CASES[case]
     fleet = mixed()
     fleet["controlPlane"] = control_plane
-    sim = SimCluster(tmp_path / "sim", base_port=find_free_base())
+    sim = SimCluster(tmp_path / "sim", base_port=find_free_base(), private=True)
     sim.up(parse_fleet(fleet, source=f"test:{case}"))
     try:
         res = EmbeddedCluster(sim).run_suite(f"suites/{suite}", *(["-k", keyword] if keyword else []),

@@ -106,9 +106,12 @@ class State:
 class SimCluster:
     """One embedded cluster, identified by its state folder."""
 
-    def __init__(self, state_dir: str | os.PathLike | None = None, base_port: int | None = None):
+    def __init__(self, state_dir: str | os.PathLike | None = None, base_port: int | None = None,
+                 private: bool = False):
+        """private: the cluster belongs to this process (a test session) and dies with it, even on SIGKILL."""
         self.dir = Path(state_dir) if state_dir else default_state_dir()
         self.base_port = base_port
+        self.private = private
         self._control_plane = ControlPlane()
         self._procs: dict[str, subprocess.Popen] = {}     # children this object spawned
 
@@ -346,7 +349,8 @@ class SimCluster:
         log = open(self.log(comp), "ab")
         try:
             proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, cwd=self.dir)
+                                    start_new_session=True, cwd=self.dir,
+                                    preexec_fn=_die_with_parent if self.private else None)
         finally:
             log.close()
         self._procs[comp] = proc
@@ -410,6 +414,18 @@ class SimCluster:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE      # component self-signed health endpoints on loopback
         return ctx
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed when the parent dies (Linux prctl PR_SET_PDEATHSIG).
+
+    SIGKILL, not SIGTERM: the apiserver's graceful shutdown stalls once etcd is gone, and a private
+    cluster's state is thrown away anyway.
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
 
 
 def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
