@@ -372,19 +372,12 @@ class Checker:
                                                   product=product))
 
     def equal(self, check: str, expected: Any, actual: Any, what: str = "", target: str | None = None) -> bool:
-        """Record pass/fail of expected == actual; a failure is collected and raised at the end of the test."""
-        if expected == actual:
-            self.record(check, "pass", expected, actual, target=target)
-            return True
-        tgt = self._target(target)[0]
-        msg = f"{tgt}: {what or check}: expected {_show(expected)}, actual {_show(actual)}"
-        self.record(check, "fail", expected, actual, msg, target=target)
-        self.failures.append(msg)
-        return False
+        """Record pass/fail of expected == actual; the test fails at its end with every failed check listed."""
+        return self.true(check, expected == actual, expected, actual, what, target)
 
     def true(self, check: str, ok: bool, expected: Any, actual: Any, what: str = "",
              target: str | None = None) -> bool:
-        """Record a check whose pass condition is more than equality (expected describes the rule)."""
+        """Record a check whose pass condition is given (expected describes the rule)."""
         if ok:
             self.record(check, "pass", expected, actual, target=target)
             return True
