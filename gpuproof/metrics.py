@@ -7,7 +7,9 @@ same file and adds the conversions to gpuproof's records:
 - :func:`to_records`: a sampler summary -> long-format :class:`MetricRecord` rows
   (benchmark ``utilization``; metric ``<field>_<mean|p95>``; parameters name the phase,
   the GPU and the benchmark it ran under);
-- :func:`sample_rows`: raw samples -> rows for :meth:`RunDir.add_samples`.
+- :func:`sample_rows`: raw samples -> rows for :meth:`RunDir.add_samples`;
+- :func:`dcgm_to_records`: DCGM exporter series read from Prometheus
+  (:func:`dcgm_phase_summary`) -> records, for GPUs NVML cannot see from here.
 
 With no GPU the sampler records nothing and its summary says why
 (``summary["available"] is False``, ``summary["reason"]``); nothing here fails for that.
@@ -59,6 +61,21 @@ def to_records(summary: dict, *, benchmark: str, node: str = "", product: str = 
                     add(f"{field}_{stat}", (stats.get(field) or {}).get(stat), UNITS[field])
             for field in ("energy_j", "ecc_corrected", "ecc_uncorrected", "throttled_fraction"):
                 add(field, stats.get(field), UNITS[field])
+    return out
+
+
+def dcgm_to_records(dcgm: dict, *, benchmark: str, node: str = "", product: str = "") -> list[MetricRecord]:
+    """Records of :func:`dcgm_phase_summary` output: metric ``<DCGM field>_<mean|p95>``."""
+    out: list[MetricRecord] = []
+    for phase, fields in (dcgm or {}).items():
+        for field, per_gpu in fields.items():
+            for gpu, stats in per_gpu.items():
+                params = {"of": benchmark, "phase": phase, "gpu": gpu, "source": "dcgm",
+                          "exporter_node": stats.get("node", "")}
+                for stat in ("mean", "p95"):
+                    if stats.get(stat) is not None:
+                        out.append(MetricRecord("utilization", f"{field}_{stat}", float(stats[stat]), "",
+                                                dict(params), node=node, product=product))
     return out
 
 

@@ -204,18 +204,20 @@ class Benchmark:
 
     # -- in a cluster
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
-                  node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1) -> list[dict]:
+                  node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
+                  resource: str = wl.GPU_RESOURCE) -> list[dict]:
         pod = wl.workload_pod(name, self.script, self.workload_args(params), labels=labels, namespace=namespace,
-                              image=image, gpus=gpus, product=product, node=node)
+                              image=image, gpus=gpus, resource=resource, product=product, node=node)
         return [pod]
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
-                       image: str = wl.DEFAULT_IMAGE, timeout: float | None = None) -> dict:
+                       resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
+                       timeout: float | None = None) -> dict:
         """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result."""
         name = pod_name(self.name, product)
         ensure_configmap(run)
         objs = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name, product=product,
-                              node=node, image=image, gpus=gpus)
+                              node=node, image=image, gpus=gpus, resource=resource)
         with applied(run, objs):
             run.wait_pod_done(name, timeout=timeout or self.timeout_s)
             return wl.parse_result(run.pod_logs(name), what=f"{self.name} pod {run.namespace}/{name}")

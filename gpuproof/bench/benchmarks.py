@@ -126,10 +126,11 @@ class AllReduce(Benchmark):
         return _keep(recs) + _utilization(self, result, node, product)
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
-                  node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1) -> list[dict]:
+                  node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
+                  resource: str = wl.GPU_RESOURCE) -> list[dict]:
         args = self.workload_args({**params, "nproc": None})  # torchrun starts the ranks in a pod
         return [wl.workload_pod(name, self.script, args, labels=labels, namespace=namespace, image=image,
-                                gpus=gpus, product=product, node=node, torchrun=True)]
+                                gpus=gpus, resource=resource, product=product, node=node, torchrun=True)]
 
     def run_multinode(self, run, params: dict, *, product: str, nnodes: int, gpus_per_node: int,
                       image: str = wl.DEFAULT_IMAGE, timeout: float | None = None) -> dict:
@@ -254,22 +255,23 @@ class Inference(Benchmark):
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
                   node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
-                  loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> list[dict]:
+                  resource: str = wl.GPU_RESOURCE, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> list[dict]:
         server = wl.inference_manifests(name, labels=labels, namespace=namespace, image=image, gpus=gpus,
+                                        resource=resource,
                                         product=product, node=node, server_args=self.workload_args(params))
         load = wl.loadgen_pod(f"{name}-load", wl.service_url(name, namespace), self.load_args(params),
                               labels=labels, namespace=namespace, image=loadgen_image)
         return [*server, load]
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
-                       image: str = wl.DEFAULT_IMAGE, timeout: float | None = None,
-                       loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> dict:
+                       resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
+                       timeout: float | None = None, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> dict:
         """Deployment + Service on the GPU node; once Ready, the load generator pod in the cluster."""
         name = pod_name("infer", product)
         ensure_configmap(run)
         deployment, service, load = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name,
                                                    product=product, node=node, image=image, gpus=gpus,
-                                                   loadgen_image=loadgen_image)
+                                                   resource=resource, loadgen_image=loadgen_image)
         selector = f"{wl.WORKLOAD_LABEL}={name},{wl.COMPONENT_LABEL}=inference-server"
         with applied(run, [deployment, service]):
             run.wait_pods(lambda c: next((p for p in c.values() if pod_ready(p)), None), self.ready_timeout_s,

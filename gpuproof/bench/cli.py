@@ -62,6 +62,10 @@ def register(sub) -> None:
     p.add_argument("--slo-p99-ms", type=float, default=None, help="inference: p99 latency SLO in ms")
     p.add_argument("--sample-hz", type=float, default=None, help="NVML sampling rate (default 10; 0 = off)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads torch may use in the workloads")
+    p.add_argument("--prometheus", default=None,
+                   help="also read DCGM exporter series from this Prometheus URL for each benchmark's time window")
+    p.add_argument("--prometheus-selector", default="",
+                   help='label selector for the DCGM series, e.g. Hostname="node-a"')
     p.add_argument("--out", default="reports", help="parent folder of run folders (default: reports)")
     p.add_argument("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workloads' progress")
@@ -109,6 +113,20 @@ def _headline(name: str, result: dict) -> str:
     return ""
 
 
+def _dcgm(args, run_dir, name: str, start: float, end: float) -> None:
+    from .. import metrics
+
+    try:
+        dcgm = metrics.dcgm_phase_summary(args.prometheus, [{"name": name, "start": start, "end": end}],
+                                          selector=args.prometheus_selector)
+    except Exception as exc:  # an extra source: report, do not fail the benchmark
+        print(f"  {name}: could not read DCGM series from {args.prometheus}: {exc}", file=sys.stderr)
+        return
+    records = metrics.dcgm_to_records(dcgm, benchmark=name, node="local")
+    run_dir.add_metrics(records)
+    print(f"  {name}: {len(records)} DCGM records from {args.prometheus}", file=sys.stderr)
+
+
 def _bench(args) -> int:
     if not args.local:
         raise GpuproofError("gpuproof bench runs on this host only: add --local. To benchmark a cluster's GPUs "
@@ -143,6 +161,8 @@ def _bench(args) -> int:
             print(f"gpuproof bench: {name} failed: {exc}", file=sys.stderr)
             failed.append(name)
             continue
+        if args.prometheus:
+            _dcgm(args, run_dir, name, t0, time.time())
         (run_dir.path / f"bench-{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
         why = unavailable_reason(result.get("utilization")) if name != "probe" else None
         if why:

@@ -30,6 +30,12 @@ def multinode_count(nodes: list) -> int:
     return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
 
 
+def loadgen_image() -> str:
+    from ..workloads import DEFAULT_LOADGEN_IMAGE
+
+    return os.environ.get(LOADGEN_IMAGE_ENV) or DEFAULT_LOADGEN_IMAGE
+
+
 def is_simulated(target, discovery=None) -> bool:
     if getattr(target, "is_embedded", False):
         return True
@@ -64,11 +70,27 @@ def run_local_cpu(name: str, run_dir, extra: dict | None = None) -> tuple[dict, 
     return run_and_record(name, run_dir, params, node="local", product="cpu")
 
 
-def gpus_on(discovery, node_name: str, default: int = 1) -> int:
+def node_gpus(discovery, node_name: str, all_gpus: bool = False) -> tuple[str, int]:
+    """(resource, count) a benchmark pod asks for on a node.
+
+    Whole GPUs: ``nvidia.com/gpu`` x 1, or every allocatable one with ``all_gpus``.
+    Time-sliced or renamed shared GPUs: one replica (more may be refused at admission).
+    MIG mixed strategy: one instance of the largest profile the node advertises.
+    """
+    from ..workloads import GPU_RESOURCE
+
     try:
-        return max(1, int(discovery.node(node_name).schedulable_gpus))
+        node = discovery.node(node_name)
     except Exception:
-        return default
+        return GPU_RESOURCE, 1
+    res = node.gpu_resource
+    count = node.allocatable_of(res) or 0
+    if count == 0 and node.mig_resources:
+        profile = max(node.mig_resources, key=lambda p: (int(p.split("g.")[0]), p))
+        return f"nvidia.com/mig-{profile}", 1
+    if not all_gpus or res != GPU_RESOURCE or node.time_sliced:
+        return res, 1
+    return res, max(1, count)
 
 
 def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]], discovery=None,
@@ -81,11 +103,12 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
         if not nodes:
             continue
         node = sorted(nodes)[0]
-        gpus = gpus_on(discovery, node) if all_gpus and discovery is not None else 1
+        resource, gpus = node_gpus(discovery, node, all_gpus)
         p = bench.params(params or {}, device="cuda")
+        extra = {"loadgen_image": loadgen_image()} if name == "inference" else {}
         try:
-            result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, image=image(),
-                                          timeout=timeout)
+            result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
+                                          image=image(), timeout=timeout, **extra)
         except GpuproofError as exc:
             out[product] = f"{node}: {exc}"
             continue

@@ -1,0 +1,30 @@
+"""Benchmark: the in-pod GPU probe, once per GPU product (or locally on the CPU).
+
+Records (benchmark ``probe``): cuda_devices, nvml_devices, kernel_check_ok,
+memory_total_mib per device, kernel_check_ms.
+"""
+
+import pytest
+
+from gpuproof.bench import suite
+
+pytestmark = pytest.mark.bench
+
+def test_probe_local_cpu(target, run_dir):
+    suite.require_simulated(target, "probe")
+    result, records = suite.run_local_cpu("probe", run_dir)
+    assert result["ok"], result.get("problems")
+    assert any(r.metric == "kernel_check_ok" and r.value == 1.0 for r in records)
+
+
+@pytest.mark.gpu
+def test_probe_per_product(target, run, run_dir, gpu_products, discovery):
+    """A pod with all GPUs of the first node of each product: every GPU visible and computing right."""
+    suite.require_real_gpus(target, discovery, gpu_products)
+    results = {}
+    for product, nodes in sorted(gpu_products.items()):
+        gpus = suite.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1]
+        results.update(suite.run_per_product("probe", run, run_dir, {product: nodes}, discovery,
+                                             params={"expect_gpus": gpus}, all_gpus=True))
+    bad = suite.failures(results)
+    assert not bad, "\n".join(bad)

@@ -1,0 +1,122 @@
+"""The benchmark registry: parameters, CLI flags, records from results, cluster manifests."""
+
+import pytest
+
+from gpuproof.bench import REGISTRY, get, names
+from gpuproof.bench.base import flag_args, pod_name
+from gpuproof.errors import GpuproofError
+from gpuproof.results import MetricRecord
+
+LABELS = {"gpuproof.dev/run": "r1"}
+
+
+def test_registry():
+    assert names() == ["probe", "matmul", "allreduce", "inference"]
+    for name, cls in REGISTRY.items():
+        b = get(name)
+        assert b.name == name and b.script and b.description and b.ci_params is not None
+    with pytest.raises(GpuproofError, match="unknown benchmark"):
+        get("nope")
+
+
+def test_params_layering():
+    m = get("matmul")
+    assert m.params(device="cuda")["sizes"] == "8192"
+    assert m.params(device="cpu")["sizes"] == "512"          # CPU defaults
+    p = m.params({"sizes": "64", "iters": None}, device="cpu")
+    assert p["sizes"] == "64" and p["iters"] == 20            # None means "not given"
+    assert m.workload_args(p)[:2] == ["--device", "cpu"]
+    assert "--sizes" in m.workload_args(p)
+
+
+def test_flag_args():
+    assert flag_args({"a": 1, "b": None, "c": True, "d": False, "e": [1, 2]},
+                     {"a": "--a", "b": "--b", "c": "--c", "d": "--d", "e": "--e"}) == [
+        "--a", "1", "--c", "--e", "1,2"]
+
+
+def test_pod_names_are_dns_safe():
+    n = pod_name("matmul", "NVIDIA-H100-80GB-HBM3")
+    assert n == "bench-matmul-nvidia-h100-80gb-hbm3"
+    assert len(pod_name("allreduce", "X" * 200)) <= 50
+
+
+MATMUL_RESULT = {
+    "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "ok": True,
+    "results": [{"dtype": "bf16", "m": 8192, "n": 8192, "k": 8192, "iters": 50, "median_ms": 1.4,
+                 "tflops": 785.4, "ratio_to_peak": 0.794, "peak_tflops": 989.0, "sm_clock_mhz_mean": 1980.0,
+                 "throttled_fraction": 0.0}],
+    "checks": [{"dtype": "bf16", "size": 256, "rel_err": 0.002, "tolerance": 0.015, "ok": True}],
+    "utilization": {"available": True, "phases": {"matmul:bf16:8192x8192x8192": {"duration_s": 2.0, "gpus": {
+        "0": {"n": 20, "gpu_util_pct": {"mean": 99.0, "p95": 100.0}, "power_w": {"mean": 690.0, "p95": 700.0},
+              "energy_j": 1380.0, "clock_event_reasons": [], "throttled_fraction": 0.0}}}}},
+}
+
+
+def test_matmul_records():
+    recs = get("matmul").to_records(MATMUL_RESULT, node="gpu-1", product="NVIDIA-H100-80GB-HBM3")
+    assert all(isinstance(r, MetricRecord) for r in recs)
+    by = {(r.benchmark, r.metric): r for r in recs}
+    t = by[("matmul", "tflops")]
+    assert (t.value, t.unit, t.node, t.product) == (785.4, "TFLOPS", "gpu-1", "NVIDIA-H100-80GB-HBM3")
+    assert t.parameters["dtype"] == "bf16" and t.parameters["m"] == 8192
+    assert by[("matmul", "ratio_to_peak")].value == 0.794
+    assert by[("matmul", "check_rel_err")].parameters["tolerance"] == 0.015
+    assert by[("utilization", "gpu_util_pct_mean")].value == 99.0
+    assert by[("utilization", "power_w_p95")].parameters["phase"] == "matmul:bf16:8192x8192x8192"
+    row = t.as_row()  # long format: parameters as canonical JSON
+    assert set(row) >= {"run_id", "cluster", "node", "product", "benchmark", "parameters", "metric", "value", "unit"}
+
+
+def test_allreduce_records():
+    result = {"device": "cuda", "backend": "nccl", "world_size": 8, "nnodes": 1, "ok": True,
+              "results": [{"size_bytes": 2**30, "count": 2**28, "type": "float32", "redop": "sum",
+                           "time_us": 10000.0, "algbw_gbps": 107.37, "busbw_gbps": 187.9, "wrong": 0}],
+              "avg_busbw_gbps": 187.9, "max_busbw_gbps": 187.9, "wrong_total": 0}
+    recs = get("allreduce").to_records(result, node="n", product="P")
+    busbw = next(r for r in recs if r.metric == "busbw_gbps")
+    assert busbw.unit == "GB/s" and busbw.parameters["size_bytes"] == 2**30 and busbw.parameters["world_size"] == 8
+    assert {r.metric for r in recs} >= {"algbw_gbps", "time_us", "wrong", "avg_busbw_gbps", "wrong_total"}
+
+
+def test_cluster_manifests_from_benchmarks():
+    m = get("matmul")
+    (pod,) = m.manifests(m.params(device="cuda"), labels=LABELS, namespace="ns", name="bench-matmul-x",
+                         product="NVIDIA-L4", node="n1")
+    assert pod["spec"]["containers"][0]["command"][:2] == ["python", "/gpuproof/workloads/matmul.py"]
+    a = get("allreduce")
+    (ar,) = a.manifests(a.params({"nproc": 4}, device="cuda"), labels=LABELS, namespace="ns", name="ar",
+                        gpus=8)
+    cmd = ar["spec"]["containers"][0]["command"]
+    assert cmd[0] == "torchrun" and "--nproc-per-node=8" in cmd and "--nproc" not in cmd
+    i = get("inference")
+    dep, svc, load = i.manifests(i.params(device="cuda"), labels=LABELS, namespace="ns", name="infer")
+    assert (dep["kind"], svc["kind"], load["kind"]) == ("Deployment", "Service", "Pod")
+    assert "http://infer.ns.svc:8000" in load["spec"]["containers"][0]["command"]
+    assert "--rates" in load["spec"]["containers"][0]["command"]
+
+
+def _node(name, capacity, labels=None):
+    from gpuproof.discovery import GpuNode
+
+    return GpuNode(name=name, labels=labels or {}, capacity=capacity, allocatable=capacity, taints=[])
+
+
+def test_node_gpus_picks_the_resource_a_pod_can_get():
+    from types import SimpleNamespace
+
+    from gpuproof.bench.suite import node_gpus
+
+    nodes = {
+        "whole": _node("whole", {"nvidia.com/gpu": "8"}),
+        "sliced": _node("sliced", {"nvidia.com/gpu": "16"}, {"nvidia.com/gpu.replicas": "4"}),
+        "renamed": _node("renamed", {"nvidia.com/gpu.shared": "8"}),
+        "mig": _node("mig", {"nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb": "2"}),
+    }
+    d = SimpleNamespace(node=lambda n: nodes[n])
+    assert node_gpus(d, "whole") == ("nvidia.com/gpu", 1)
+    assert node_gpus(d, "whole", all_gpus=True) == ("nvidia.com/gpu", 8)
+    assert node_gpus(d, "sliced", all_gpus=True) == ("nvidia.com/gpu", 1)
+    assert node_gpus(d, "renamed", all_gpus=True) == ("nvidia.com/gpu.shared", 1)
+    assert node_gpus(d, "mig", all_gpus=True) == ("nvidia.com/mig-3g.40gb", 1)
+    assert node_gpus(d, "missing") == ("nvidia.com/gpu", 1)

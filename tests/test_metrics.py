@@ -1,0 +1,219 @@
+"""The NVML sampler (gpuproof.metrics = workloads/nvml_sampler.py): no-GPU path, the read
+path against an in-memory NVML double, phase statistics, records, and DCGM via Prometheus."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from gpuproof import metrics
+from gpuproof.results import RunDir
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+class FakeNVML:
+    """Just the NVML calls the sampler makes, with values that change per call."""
+
+    NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+
+    class NotSupported(Exception):
+        pass
+
+    def __init__(self, n=2, unsupported=()):
+        self.n = n
+        self.unsupported = set(unsupported)
+        self.calls = {}
+        self.lock = threading.Lock()
+
+    def _count(self, name, handle):
+        if name in self.unsupported:
+            raise self.NotSupported(name)
+        with self.lock:
+            k = (name, handle)
+            self.calls[k] = self.calls.get(k, 0) + 1
+            return self.calls[k]
+
+    def nvmlDeviceGetCount(self):
+        return self.n
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h:08d}"
+
+    def nvmlDeviceGetName(self, h):
+        return b"Fake GPU"
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        self._count("util", h)
+        return SimpleNamespace(gpu=90 + h, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=2 * 2**30, total=80 * 2**30, free=78 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 300_000  # mW
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return 1_000_000 + 500 * self._count("energy", h)  # mJ, +0.5 J per reading
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return 60
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return 1980
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return 0x004 if h == 1 else 0x001  # gpu 1 power capped, gpu 0 idle
+
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, counter):
+        return self._count(f"ecc{kind}", h) - 1 if kind == 0 else 0
+
+
+def test_no_gpu_records_nothing_and_says_so():
+    s = metrics.Sampler(hz=10)
+    if s.available:
+        pytest.skip("this host has a GPU that NVML sees")
+    s.start()
+    with s.phase("work"):
+        pass
+    s.stop()
+    summary = s.summary()
+    assert summary["available"] is False
+    assert summary["reason"]  # e.g. "NVML unavailable: NVML Shared Library Not Found"
+    assert summary["n_samples"] == 0 and s.samples == [] and s.ticks == 0
+    assert s._thread is None  # no thread was started
+    assert metrics.to_records(summary, benchmark="matmul") == []
+    assert metrics.unavailable_reason(summary) == summary["reason"]
+
+
+def test_null_sampler_when_turned_off():
+    s = metrics.make_sampler(0)
+    with s.start().phase("x"):
+        pass
+    assert s.stop().summary()["available"] is False
+    assert "turned off" in s.summary()["reason"]
+
+
+def test_sampler_reads_every_field_per_phase():
+    fake = FakeNVML(n=2)
+    s = metrics.Sampler(hz=100, nvml=fake)
+    assert s.available and [d.uuid for d in s.devices] == ["GPU-00000000", "GPU-00000001"]
+    s.start()
+    with s.phase("a"):
+        wait_for(lambda: len([r for r in s.samples if r["phase"] == "a"]) >= 6, what="6 samples in phase a")
+    with s.phase("b"):
+        wait_for(lambda: len([r for r in s.samples if r["phase"] == "b"]) >= 6, what="6 samples in phase b")
+    s.stop()
+    row = s.samples[-1]
+    for field in ("gpu_util_pct", "mem_util_pct", "mem_used_mib", "power_w", "energy_j", "temp_c",
+                  "sm_clock_mhz", "clock_event_reasons", "ecc_corrected_delta", "ecc_uncorrected_delta",
+                  "ts", "phase", "gpu", "uuid"):
+        assert field in row
+    assert row["power_w"] == 300.0 and row["mem_used_mib"] == 2048.0 and row["sm_clock_mhz"] == 1980
+    summary = s.summary()
+    assert summary["available"] and summary["n_samples"] == len(s.samples) and summary["ticks"] >= 6
+    assert summary["sampler_cpu_seconds"] >= 0
+    a = summary["phases"]["a"]
+    assert a["duration_s"] > 0
+    g1 = a["gpus"]["1"]
+    assert g1["gpu_util_pct"]["mean"] == 91 and g1["gpu_util_pct"]["p95"] == 91
+    assert g1["clock_event_reasons"] == ["sw_power_cap"] and g1["throttled_fraction"] == 1.0
+    g0 = a["gpus"]["0"]
+    assert g0["clock_event_reasons"] == ["gpu_idle"] and g0["throttled_fraction"] == 0.0
+    assert g0["energy_j"] > 0  # energy grows 0.5 J per reading
+    assert g0["ecc_corrected"] >= 1 and g0["ecc_uncorrected"] == 0
+
+    records = metrics.to_records(summary, benchmark="matmul", node="n1", product="P")
+    names = {r.metric for r in records}
+    assert {"gpu_util_pct_mean", "gpu_util_pct_p95", "power_w_mean", "sm_clock_mhz_p95", "energy_j",
+            "ecc_corrected", "throttled_fraction"} <= names
+    assert all(r.benchmark == "utilization" and r.parameters["of"] == "matmul" for r in records)
+    assert {"a", "b"} <= {r.parameters["phase"] for r in records}  # plus "unphased" (between phases)
+
+
+def test_unsupported_fields_are_none_and_not_asked_again():
+    fake = FakeNVML(n=1, unsupported={"util"})
+    s = metrics.Sampler(hz=100, nvml=fake)
+    s.tick()
+    s.tick()
+    assert s.samples[0]["gpu_util_pct"] is None and s.samples[0]["power_w"] == 300.0
+    assert "util" in s.devices[0].unsupported
+
+
+def test_summarize_by_hand():
+    rows = [{"phase": "p", "gpu": 0, "gpu_util_pct": v, "power_w": 100.0 + v, "energy_j": e,
+             "clock_event_reasons": r, "ecc_corrected_delta": 0, "ecc_uncorrected_delta": 0}
+            for v, e, r in [(10, 0.0, 0), (20, 1.0, 0x040), (30, 2.5, 0), (40, 4.0, 0x001)]]
+    out = metrics.summarize(rows, [{"name": "p", "start": 0.0, "end": 2.0}])
+    g = out["phases"]["p"]["gpus"]["0"]
+    assert out["phases"]["p"]["duration_s"] == 2.0
+    assert g["gpu_util_pct"]["mean"] == 25.0
+    assert g["gpu_util_pct"]["p95"] == pytest.approx(38.5)  # 30 + 0.85 * (40 - 30)
+    assert g["energy_j"] == 4.0
+    assert g["clock_event_reasons"] == ["gpu_idle", "hw_thermal_slowdown"]
+    assert g["throttled_fraction"] == 0.25
+    assert g["temp_c"] is None
+    assert metrics.decode_reasons(0x1004) == ["sw_power_cap", "other_0x1000"]
+
+
+def test_samples_go_to_the_run_dir(tmp_path):
+    fake = FakeNVML(n=1)
+    s = metrics.Sampler(hz=100, nvml=fake)
+    s.tick()
+    rd = RunDir.create(tmp_path, "r1")
+    rd.add_samples(metrics.sample_rows(s.samples, benchmark="matmul", node="n", product="P"))
+    rows = rd.samples()
+    assert rows[0]["benchmark"] == "matmul" and rows[0]["run_id"] == "r1" and rows[0]["gpu_util_pct"] == 90
+
+
+class _Prometheus(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        assert self.path.startswith("/api/v1/query_range?")
+        body = {"status": "success", "data": {"resultType": "matrix", "result": []}}
+        if "DCGM_FI_DEV_GPU_UTIL" in self.path:
+            body["data"]["result"] = [{"metric": {"gpu": "0", "UUID": "GPU-1", "Hostname": "node-a"},
+                                       "values": [[1.0, "50"], [2.0, "70"], [3.0, "90"]]}]
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_dcgm_series_from_prometheus_on_loopback():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        out = metrics.dcgm_phase_summary(url, [{"name": "matmul", "start": 0.0, "end": 4.0}],
+                                         series=("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    util = out["matmul"]["DCGM_FI_DEV_GPU_UTIL"]["GPU-1"]
+    assert util["mean"] == 70.0 and util["n"] == 3 and util["node"] == "node-a"
+    assert util["p95"] == pytest.approx(88.0)  # 70 + 0.9 * (90 - 70)
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in out["matmul"]  # not published: left out
+    recs = metrics.dcgm_to_records(out, benchmark="matmul", node="n")
+    assert {r.metric: r.value for r in recs} == {"DCGM_FI_DEV_GPU_UTIL_mean": 70.0,
+                                                 "DCGM_FI_DEV_GPU_UTIL_p95": pytest.approx(88.0)}
+    assert recs[0].parameters["source"] == "dcgm" and recs[0].parameters["exporter_node"] == "node-a"

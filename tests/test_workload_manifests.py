@@ -1,0 +1,149 @@
+"""Manifests that run the workloads in a cluster (pure dicts) and the result parser."""
+
+import json
+
+import pytest
+
+from gpuproof import workloads as wl
+from gpuproof.errors import GpuproofError
+
+LABELS = {"app.kubernetes.io/managed-by": "gpuproof", "gpuproof.dev/run": "r1"}
+NS = "gpuproof-r1"
+
+
+def all_label_sets(obj: dict):
+    yield obj["metadata"]["labels"]
+    tmpl = obj.get("spec", {}).get("template")
+    if tmpl:
+        yield tmpl["metadata"]["labels"]
+
+
+def pod_spec(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"] if "template" in obj.get("spec", {}) else obj["spec"]
+
+
+def assert_run_labels(objs):
+    for obj in objs:
+        assert obj["metadata"]["namespace"] == NS
+        for labels in all_label_sets(obj):
+            assert LABELS.items() <= labels.items(), (obj["kind"], labels)
+
+
+def test_configmap_holds_every_workload_file():
+    cm = wl.configmap(labels=LABELS, namespace=NS)
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == wl.CONFIGMAP_NAME
+    files = {p.name for p in wl.WORKLOADS_DIR.iterdir() if p.suffix in (".py", ".md")}
+    assert files <= set(cm["data"])
+    for needed in ("probe.py", "matmul.py", "allreduce.py", "inference_server.py", "loadgen.py",
+                   "locustfile.py", "nvml_sampler.py", "workload_common.py"):
+        assert needed in cm["data"]
+    assert cm["data"]["matmul.py"] == (wl.WORKLOADS_DIR / "matmul.py").read_text()
+    assert sum(len(v.encode()) for v in cm["data"].values()) < wl.MAX_CONFIGMAP_BYTES
+    assert "pynvml.py" not in wl.configmap(labels=LABELS, namespace=NS, include_pynvml=False)["data"]
+    assert_run_labels([cm])
+
+
+def test_workloads_import_only_stdlib_torch_and_siblings():
+    import ast
+    import sys
+
+    siblings = {p.stem for p in wl.WORKLOADS_DIR.glob("*.py")}
+    allowed = set(sys.stdlib_module_names) | siblings | {"torch", "pynvml", "locust", "gevent"}
+    for p in wl.WORKLOADS_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                mods = [node.module]
+            else:
+                continue
+            for m in mods:
+                assert m.split(".")[0] in allowed, f"{p.name} imports {m}"
+
+
+def test_gpu_pod():
+    pod = wl.workload_pod("bench-matmul-h100", "matmul", ["--sizes", "8192"], labels=LABELS, namespace=NS,
+                          gpus=1, product="NVIDIA-H100-80GB-HBM3", node="gpu-node-1")
+    assert pod["kind"] == "Pod"
+    spec = pod["spec"]
+    c = spec["containers"][0]
+    assert c["image"] == wl.DEFAULT_IMAGE
+    assert c["command"] == ["python", "/gpuproof/workloads/matmul.py", "--sizes", "8192"]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                                    "kubernetes.io/hostname": "gpu-node-1"}
+    assert spec["restartPolicy"] == "Never"
+    assert spec["volumes"][0]["configMap"]["name"] == wl.CONFIGMAP_NAME
+    assert c["volumeMounts"][0]["mountPath"] == wl.MOUNT_PATH
+    assert_run_labels([pod])
+
+
+def test_torchrun_pod_uses_every_gpu_and_shm():
+    pod = wl.workload_pod("ar", "allreduce", ["--max-bytes", "1G"], labels=LABELS, namespace=NS, gpus=8,
+                          torchrun=True, image="my/image:1")
+    c = pod["spec"]["containers"][0]
+    assert c["command"][:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
+    assert c["image"] == "my/image:1" and c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in pod["spec"]["volumes"])
+
+
+def test_job_variant():
+    job = wl.workload_job("probe-x", "probe", [], labels=LABELS, namespace=NS)
+    assert job["kind"] == "Job" and job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert_run_labels([job])
+
+
+def test_multinode_allreduce_indexed_job_and_headless_service():
+    svc, job = wl.allreduce_multinode("ar-multi", 4, 8, ["--max-bytes", "1G"], labels=LABELS, namespace=NS,
+                                      product="NVIDIA-H100-80GB-HBM3")
+    assert svc["kind"] == "Service" and svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    spec = pod_spec(job)
+    assert spec["subdomain"] == svc["metadata"]["name"] == "ar-multi"
+    selector = svc["spec"]["selector"]
+    assert selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    script = spec["containers"][0]["command"][2]
+    assert "--nnodes=4" in script and "--nproc-per-node=8" in script
+    assert '--node-rank="${JOB_COMPLETION_INDEX}"' in script
+    assert "--master-addr=ar-multi-0.ar-multi" in script and "getent hosts ar-multi-0.ar-multi" in script
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["topologyKey"] == "kubernetes.io/hostname"
+    assert_run_labels([svc, job])
+
+
+def test_inference_deployment_service_and_loadgen():
+    dep, svc = wl.inference_manifests("infer", labels=LABELS, namespace=NS, product="NVIDIA-L4",
+                                      server_args=["--max-batch", "16"])
+    c = pod_spec(dep)["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 8000}
+    assert "--host" in c["command"] and "0.0.0.0" in c["command"] and "--max-batch" in c["command"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    url = wl.service_url("infer", NS)
+    assert url == "http://infer.gpuproof-r1.svc:8000"
+    load = wl.loadgen_pod("infer-load", url, ["--rates", "10,20"], labels=LABELS, namespace=NS)
+    lc = load["spec"]["containers"][0]
+    assert lc["image"] == wl.DEFAULT_LOADGEN_IMAGE
+    assert lc["command"][:4] == ["python", "/gpuproof/workloads/loadgen.py", "--url", url]
+    assert "nvidia.com/gpu" not in json.dumps(lc.get("resources", {}))
+    assert "tolerations" not in load["spec"]
+    assert_run_labels([dep, svc, load])
+
+
+def test_bad_names_are_refused():
+    with pytest.raises(ValueError):
+        wl.workload_pod("Bad_Name", "probe", labels=LABELS, namespace=NS)
+    with pytest.raises(ValueError):
+        wl.allreduce_multinode("x" * 60, 2, 1, labels=LABELS, namespace=NS)
+
+
+def test_parse_result_takes_the_last_json_line():
+    logs = "starting\n{\"partial\": 1}\n[12:00:00] progress\n{\"ok\": true, \"x\": 2}\n"
+    assert wl.parse_result(logs) == {"ok": True, "x": 2}
+    with pytest.raises(GpuproofError, match="no JSON result"):
+        wl.parse_result("Traceback (most recent call last):\n  boom\n")

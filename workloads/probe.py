@@ -1,0 +1,161 @@
+"""In-pod GPU probe: what this container can see, and whether a small kernel computes right.
+
+Reports torch, CUDA (build) and driver versions; the devices torch sees (name, compute
+capability, memory, UUID); the devices NVML sees (name, UUID, memory, MIG mode and the
+UUIDs of MIG instances); CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; and runs a
+small elementwise + matmul kernel on every visible device (or on the CPU) whose result
+is checked exactly against an integer reference.
+
+Prints one JSON object on stdout; exit 0 when every check passed.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+import workload_common as common
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def nvml_inventory() -> dict:
+    """Driver version and devices as NVML reports them (MIG instances included)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "pynvml (nvidia-ml-py) is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return {"available": False, "reason": f"NVML unavailable: {exc}"}
+    out: dict = {"available": True, "devices": []}
+    try:
+        out["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040
+        out["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    except Exception as exc:
+        out["driver_error"] = str(exc)
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        dev = {
+            "index": i,
+            "name": _s(pynvml.nvmlDeviceGetName(h)),
+            "uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
+            "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+        }
+        try:
+            current, _pending = pynvml.nvmlDeviceGetMigMode(h)
+            dev["mig_mode"] = bool(current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1))
+        except Exception:  # not MIG capable
+            dev["mig_mode"] = None
+        if dev["mig_mode"]:
+            dev["mig_devices"] = []
+            for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+                try:
+                    m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+                except Exception:  # empty slot
+                    continue
+                dev["mig_devices"].append({
+                    "index": j,
+                    "uuid": _s(pynvml.nvmlDeviceGetUUID(m)),
+                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(m).total // 2**20,
+                })
+        out["devices"].append(dev)
+    return out
+
+
+def torch_devices() -> list[dict]:
+    import torch
+
+    devs = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        uuid = getattr(p, "uuid", None)
+        devs.append({
+            "index": i,
+            "name": p.name,
+            "compute_capability": f"{p.major}.{p.minor}",
+            "memory_total_mib": p.total_memory // 2**20,
+            "multiprocessors": p.multi_processor_count,
+            "uuid": str(uuid) if uuid is not None else None,
+        })
+    return devs
+
+
+def kernel_check(device: str, n: int = 64) -> dict:
+    """Elementwise + matmul on small integer-valued data; exact compare with int64 on the CPU."""
+    import torch
+
+    t0 = time.perf_counter()
+    idx = torch.arange(n * n, dtype=torch.int64)
+    a_ref = (idx % 7 - 3).reshape(n, n)
+    b_ref = (idx % 5 - 2).reshape(n, n).t().contiguous()
+    want = (a_ref @ b_ref) * 2 + 1
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # exact fp32 (|values| stay far below 2^24)
+    try:
+        a = a_ref.to(device=device, dtype=torch.float32)
+        b = b_ref.to(device=device, dtype=torch.float32)
+        got = ((a @ b) * 2 + 1).round().to(torch.int64).cpu()
+        common.sync(device)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    wrong = int((got != want).sum())
+    return {"device": device, "n": n, "wrong": wrong, "ok": wrong == 0,
+            "elapsed_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def build_parser():
+    p = common.parser(
+        "probe.py",
+        "Report torch/CUDA/driver versions and visible GPUs (torch and NVML, MIG too), "
+        "and check a small kernel on each device.",
+        epilog="examples:\n  python probe.py\n  python probe.py --expect-gpus 8\n  python probe.py --device cpu\n",
+    )
+    common.add_device_arg(p)
+    p.add_argument("--expect-gpus", type=int, default=None,
+                   help="fail unless torch sees exactly this many CUDA devices")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    import torch
+
+    device = common.setup_device(args)
+    result = common.base_result("probe")
+    # asking for the cuDNN version loads the library (slow): only where it can matter
+    cudnn = torch.backends.cudnn.version() if device == "cuda" and torch.backends.cudnn.is_available() else None
+    result.update(
+        device=device,
+        python=platform.python_version(),
+        torch=torch.__version__,
+        cuda_build=torch.version.cuda,
+        cudnn=cudnn,
+        cuda_available=torch.cuda.is_available(),
+        torch_devices=torch_devices() if device == "cuda" else [],
+        nvml=nvml_inventory(),
+    )
+    result["driver_version"] = result["nvml"].get("driver_version")
+    targets = [f"cuda:{d['index']}" for d in result["torch_devices"]] if device == "cuda" else ["cpu"]
+    result["kernel_checks"] = [kernel_check(t) for t in targets]
+    problems = [f"kernel check on {c['device']}: {c['wrong']} wrong elements"
+                for c in result["kernel_checks"] if not c["ok"]]
+    if args.expect_gpus is not None and len(result["torch_devices"]) != args.expect_gpus:
+        problems.append(f"expected {args.expect_gpus} CUDA devices, torch sees {len(result['torch_devices'])}")
+    result["problems"] = problems
+    result["ok"] = not problems
+    for p in problems:
+        common.log(f"problem: {p}")
+    common.log(f"torch {torch.__version__}, {len(result['torch_devices'])} CUDA device(s), "
+               f"driver {result['driver_version']}, {'ok' if result['ok'] else 'FAILED'}")
+    common.emit(result)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
