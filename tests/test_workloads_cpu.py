@@ -41,6 +41,14 @@ def test_probe_cpu():
     assert r["ok"] is False and r["problems"] == ["expected 1 CUDA devices, torch sees 0"]
 
 
+@pytest.mark.parametrize("mib,ok", [(16, True), (2**30, False)], ids=["fits", "1-pib-refused"])
+def test_probe_alloc_reports_success_and_refusal(mib, ok):
+    """The MIG suite asks each pod to allocate past its slice; the probe must report a refusal, not crash."""
+    r = run("probe", "--device", "cpu", "--threads", "1", "--alloc-mib", mib)
+    assert r["alloc"] == {"mib": mib, "ok": ok}
+    assert (r["allocs"][0]["error"] is None) == ok
+
+
 def test_matmul_cpu():
     r = run("matmul", "--device", "cpu", "--threads", "1", "--dtypes", "fp32,bf16,tf32",
             "--sizes", "64,32x48x80", "--iters", "5", "--warmup", "1", "--check-size", "64")

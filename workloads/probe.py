@@ -109,6 +109,26 @@ def kernel_check(device: str, n: int = 64) -> dict:
             "elapsed_ms": (time.perf_counter() - t0) * 1e3}
 
 
+def try_alloc(device: str, mib: int) -> dict:
+    """Allocate ``mib`` MiB on ``device`` in one tensor; report success or the allocator's error."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        buf = torch.empty(mib * 2**20, dtype=torch.uint8, device=device)
+        buf.fill_(1)                       # touch it: some allocators are lazy
+        common.sync(device)
+        del buf
+        ok, error = True, None
+    except (RuntimeError, MemoryError) as exc:   # torch.cuda.OutOfMemoryError is a RuntimeError
+        ok, error = False, str(exc).splitlines()[0][:300]
+    finally:
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return {"device": device, "mib": mib, "ok": ok, "error": error,
+            "elapsed_ms": (time.perf_counter() - t0) * 1e3}
+
+
 def build_parser():
     p = common.parser(
         "probe.py",
@@ -117,6 +137,9 @@ def build_parser():
         epilog="examples:\n  python probe.py\n  python probe.py --expect-gpus 8\n  python probe.py --device cpu\n",
     )
     common.add_device_arg(p)
+    p.add_argument("--alloc-mib", type=int, default=None, metavar="MIB",
+                   help="also try to allocate this many MiB on each device and report whether it worked "
+                        "(a MIG slice must refuse more than its memory)")
     p.add_argument("--expect-gpus", type=int, default=None,
                    help="fail unless torch sees exactly this many CUDA devices")
     return p
@@ -143,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     result["driver_version"] = result["nvml"].get("driver_version")
     targets = [f"cuda:{d['index']}" for d in result["torch_devices"]] if device == "cuda" else ["cpu"]
     result["kernel_checks"] = [kernel_check(t) for t in targets]
+    if args.alloc_mib is not None:
+        allocs = [try_alloc(t, args.alloc_mib) for t in targets]
+        result["allocs"] = allocs
+        result["alloc"] = {"mib": args.alloc_mib, "ok": all(a["ok"] for a in allocs)}
     problems = [f"kernel check on {c['device']}: {c['wrong']} wrong elements"
                 for c in result["kernel_checks"] if not c["ok"]]
     if args.expect_gpus is not None and len(result["torch_devices"]) != args.expect_gpus:
