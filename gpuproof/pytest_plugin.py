@@ -141,7 +141,8 @@ class Target:
             target = "embedded" if not self.real else (
                 f"kubeconfig:{self.config.getoption('--kubeconfig') or '~/.kube/config'}"
                 f"#{self.config.getoption('--context') or ''}")
-            self._run_dir = RunDir.create(root, self.run_id, target=target, argv=sys.argv[1:],
+            cluster = "embedded" if not self.real else (self.config.getoption("--context") or "")
+            self._run_dir = RunDir.create(root, self.run_id, target=target, argv=sys.argv[1:], cluster=cluster,
                                           fleet=self.config.getoption("--fleet") or ("mixed" if not self.real else ""))
         return self._run_dir
 
