@@ -104,8 +104,13 @@ def test_dead_leftover_is_cleaned_up_and_restarted(tmp_path):
         import os
         import signal
 
+        import time
+
         st = sim.load_state()
         os.kill(st.pids["kube-apiserver"], signal.SIGKILL)
+        deadline = time.monotonic() + 30          # the kill is asynchronous: wait until it shows
+        while sim.status()["components"]["kube-apiserver"] != "dead" and time.monotonic() < deadline:
+            time.sleep(0.05)
         status = sim.status()
         assert not status["running"] and status["components"]["kube-apiserver"] == "dead"
         sim.up(load_fleet("minimal"))
