@@ -32,7 +32,7 @@ EPILOG = """\
 examples:
   gpuproof run                          suite against the embedded cluster (mixed fleet)
   gpuproof run --kubeconfig ~/.kube/config --context prod-gpu
-  gpuproof sim up --fleet fleets/mixed.yaml   keep an embedded cluster running
+  gpuproof sim up --fleet mixed          keep an embedded cluster running
   gpuproof bench --local matmul         benchmark this machine's GPU (or CPU)
   gpuproof report compare reports/A reports/B
 """

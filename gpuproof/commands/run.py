@@ -31,6 +31,11 @@ def register(sub) -> None:
     p.add_argument("--only-bench", action="store_true", help="run only the benchmarks")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
     p.add_argument("--strict-taints", action="store_true", help="untainted GPU nodes fail instead of warn")
+    p.add_argument("--shared-requests-refused", metavar="POOLS", default=None,
+                   help="pools (comma-separated, or 'all') whose device plugin sets failRequestsGreaterThanOne; "
+                        "the embedded cluster knows this from its fleet")
+    p.add_argument("--pool-label", default=None,
+                   help="node label naming node pools (default: the first common cloud pool label found)")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     p.set_defaults(func=_run)
 
@@ -40,9 +45,9 @@ def pytest_argv(args, run_id: str) -> list[str]:
     argv = [str(SUITES), f"--rootdir={REPO}", "-p", "no:cacheprovider", f"--run-id={run_id}",
             f"--report-dir={args.report_dir}", f"--junitxml={run_path / 'junit.xml'}", "-o", "junit_family=xunit2",
             "-rs"]
-    for opt in ("kubeconfig", "context", "fleet"):
+    for opt in ("kubeconfig", "context", "fleet", "shared_requests_refused", "pool_label"):
         if getattr(args, opt):
-            argv.append(f"--{opt}={getattr(args, opt)}")
+            argv.append(f"--{opt.replace('_', '-')}={getattr(args, opt)}")
     if args.strict_taints:
         argv.append("--strict-taints")
     if args.only_bench:
