@@ -142,11 +142,6 @@ class Cluster:
 
     # ---------------------------------------------------------------- runs
 
-    def start_run(self, run_id: str, progress: Callable[[str], None] | None = None) -> "Run":
-        run = Run(self, run_id)
-        run.create(progress=progress)
-        return run
-
     def leftover_runs(self) -> dict[str, dict[str, list[str]]]:
         """Objects of any gpuproof run still in the cluster, by run id."""
         selector = f"{MANAGED_BY}={OWNER},{RUN_LABEL}"
@@ -246,18 +241,8 @@ class Run:
     def pod(self, name: str) -> k8s.V1Pod:
         return self.cluster.core.read_namespaced_pod(name, self.namespace)
 
-    def delete_pod(self, name: str) -> None:
-        with contextlib.suppress(ApiException):
-            self.cluster.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
-
     def pod_logs(self, name: str, container: str | None = None) -> str:
         return self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container)
-
-    def events_for(self, name: str) -> list[k8s.CoreV1Event]:
-        return self.cluster.core.list_namespaced_event(
-            self.namespace, field_selector=f"involvedObject.name={name}").items
-
-    # ---------------------------------------------------------------- waits
 
     def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
                   describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:
@@ -273,16 +258,9 @@ class Run:
     def wait_running(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
         return self.wait_pod(name, lambda p: p.status.phase == "Running", timeout, "to be Running")
 
-    def wait_scheduled(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
-        return self.wait_pod(name, lambda p: bool(p.spec.node_name), timeout, "to be bound to a node")
-
     def wait_pod_done(self, name: str, timeout: float = 600.0) -> k8s.V1Pod:
         return self.wait_pod(name, lambda p: p.status.phase in ("Succeeded", "Failed"), timeout,
                              "to finish (Succeeded or Failed)")
-
-    def wait_unschedulable(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
-        """Until the scheduler has tried and failed: PodScheduled=False with reason Unschedulable."""
-        return self.wait_pod(name, _unschedulable, timeout, "to be marked Unschedulable by the scheduler")
 
     def wait_event(self, name: str, reason: str, timeout: float = 60.0) -> k8s.CoreV1Event:
         return watch_until(
@@ -291,11 +269,6 @@ class Run:
             f"a {reason} event for {self.namespace}/{name}",
             describe=lambda c: ", ".join(sorted({e.reason for e in c.values()})) or "no events",
             namespace=self.namespace, field_selector=f"involvedObject.name={name}")
-
-    def wait_deleted(self, name: str, timeout: float = 60.0) -> None:
-        self.wait_pods(lambda c: name not in c or None, timeout, f"pod {self.namespace}/{name} to be deleted")
-
-    # ---------------------------------------------------------------- cleanup
 
     def cleanup(self, wait: bool = True, timeout: float = 120.0,
                 progress: Callable[[str], None] | None = None) -> None:
@@ -392,13 +365,6 @@ def _node_ready(node) -> bool:
     for cond in (node.status.conditions or []) if node.status else []:
         if cond.type == "Ready":
             return cond.status == "True"
-    return False
-
-
-def _unschedulable(pod) -> bool:
-    for cond in pod.status.conditions or []:
-        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-            return True
     return False
 
 

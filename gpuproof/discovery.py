@@ -121,16 +121,6 @@ class GpuNode:
                 out[m.group(1)] = _int(val)
         return out
 
-    @property
-    def schedulable_gpus(self) -> int:
-        """How many one-device pods this node can take (whole, shared or MIG devices)."""
-        return (self.allocatable_of(self.gpu_resource) or 0) + sum(
-            _int(self.allocatable.get(f"nvidia.com/mig-{p}")) or 0 for p in self.mig_resources)
-
-    @property
-    def gpu_taints(self) -> list[dict]:
-        return [t for t in self.taints if t.get("effect") in ("NoSchedule", "NoExecute")]
-
     def taint_strings(self) -> list[str]:
         return [f"{t['key']}={t.get('value') or ''}:{t['effect']}".replace("=:", ":") for t in self.taints]
 
@@ -162,10 +152,6 @@ class Discovery:
 
     def node(self, name: str) -> GpuNode:
         return next(n for n in self.gpu_nodes if n.name == name)
-
-    def where(self, predicate) -> list[GpuNode]:
-        return [n for n in self.gpu_nodes if predicate(n)]
-
 
 def _as_dict(node) -> dict:
     """Accept kubernetes client V1Node objects or plain dicts."""

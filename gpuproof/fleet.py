@@ -40,12 +40,9 @@ from typing import Any
 import yaml
 
 from . import catalog
+from .discovery import GPU, GPU_SHARED, KWOK_ANNOTATION
 from .errors import FleetError
 
-GPU = "nvidia.com/gpu"
-GPU_SHARED = "nvidia.com/gpu.shared"
-GPU_TAINT = "nvidia.com/gpu=present:NoSchedule"
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 POOL_LABEL = "node.kubernetes.io/instance-type"
 FLEETS_DIR = Path(__file__).parent / "fleets"
 
@@ -488,7 +485,7 @@ def _parse_fault(f: _Fields) -> Fault:
     return fault
 
 
-def _parse_pool(f: _Fields, defaults: dict) -> Pool:
+def _parse_pool(f: _Fields) -> Pool:
     name = f.str("name", required=True, pattern=_DNS_LABEL, hint="use lowercase letters, digits and '-'")
     count = f.int("count", 1, minimum=0, maximum=5000)
     pool = Pool(name=name, count=count)
@@ -555,7 +552,7 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         merged = _merge(defaults, raw)
         if "gpu" not in raw:          # defaults.gpu only refines pools that have GPUs
             merged.pop("gpu", None)
-        pool = _parse_pool(_Fields(merged, f"pools[{i}]", source), defaults)
+        pool = _parse_pool(_Fields(merged, f"pools[{i}]", source))
         if pool.name in seen:
             top.fail(f"pools[{i}].name", f"{pool.name!r} is used by an earlier pool")
         seen.add(pool.name)

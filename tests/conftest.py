@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,14 +57,12 @@ class EmbeddedCluster:
         finally:
             self.load("mixed")
 
-    def run_suite(self, *suite_args: str, report_dir: Path, run_id: str, extra_env: dict | None = None,
-                  timeout: float = 300) -> "SuiteResult":
+    def run_suite(self, *suite_args: str, report_dir: Path, run_id: str, timeout: float = 300) -> "SuiteResult":
         """Run suites as a user would: a pytest subprocess against this cluster's kubeconfig."""
         cmd = [sys.executable, "-m", "pytest", *suite_args, f"--kubeconfig={self.kubeconfig}",
                f"--report-dir={report_dir}", f"--run-id={run_id}", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=-ra --strict-markers", f"--rootdir={REPO}"]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(extra_env or {})})
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         return SuiteResult(proc, report_dir / run_id)
 
 
