@@ -1,22 +1,46 @@
 """Find GPU nodes and group them into pools, from labels and capacity only.
 
-A node is a GPU node when GFD labelled it (``nvidia.com/gpu.present=true`` or a
-``nvidia.com/gpu.count`` label) or when it advertises any NVIDIA GPU resource. Pools
-are the values of the first node-pool label the cluster uses (GKE, EKS, AKS,
-Karpenter, or the well-known instance-type label), or ``--pool-label`` when given;
-with none of them, the GPU product.
+A node is a GPU node when GPU Feature Discovery labelled it, when a managed offering's own
+GPU labels say so (GKE, Karpenter, AKS), or when it advertises any NVIDIA GPU resource.
+What the checks need (product, GPU count, sharing, MIG partitioning) is read from the first
+label scheme the node has, and where each value came from is recorded (``sources``):
+
+- ``gfd``: GPU Feature Discovery (``nvidia.com/gpu.*``), also run by the GPU operator (OpenShift);
+- ``gke``: ``cloud.google.com/gke-accelerator``, ``gke-gpu-partition-size``,
+  ``gke-max-shared-clients-per-gpu``, ``gke-gpu-sharing-strategy``;
+- ``karpenter``: ``karpenter.k8s.aws/instance-gpu-name|count|memory``;
+- ``instance-type``: ``node.kubernetes.io/instance-type`` looked up in the catalog (EKS, AKS);
+- ``resources``: nothing but the advertised ``nvidia.com/*`` resources.
+
+Pools are the values of the first node-pool label a node has (GKE, EKS, AKS, Karpenter, or
+the well-known instance-type label), or ``--pool-label`` when given; with none, the product.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Iterable
+
+from . import catalog
 
 GPU = "nvidia.com/gpu"
 GPU_SHARED = "nvidia.com/gpu.shared"
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+SIMULATED = ("fake", "unmanaged")       # kwok nodes; "unmanaged": kwok leaves them alone (a dead kubelet)
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+GKE_PARTITION = "cloud.google.com/gke-gpu-partition-size"
+GKE_MAX_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
+GKE_SHARING = "cloud.google.com/gke-gpu-sharing-strategy"
+KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
+KARPENTER_GPU_MAKER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+AKS_ACCELERATOR = "kubernetes.azure.com/accelerator"
 
 POOL_LABELS = (
     "cloud.google.com/gke-nodepool",
@@ -24,8 +48,11 @@ POOL_LABELS = (
     "kubernetes.azure.com/agentpool",
     "agentpool",
     "karpenter.sh/nodepool",
-    "node.kubernetes.io/instance-type",
+    INSTANCE_TYPE,
 )
+
+# conditions a healthy node has False; Ready must be True
+PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
 
 
 def _int(value) -> int | None:
@@ -44,33 +71,126 @@ class GpuNode:
     taints: list[dict]
     pool: str = ""
     simulated: bool = False          # a kwok node: no GPU really executes there
+    conditions: dict[str, dict] = dataclasses.field(default_factory=dict)   # type -> status, reason, message
+    unschedulable: bool = False      # cordoned
+    node_info: dict = dataclasses.field(default_factory=dict)               # status.nodeInfo
 
-    # ---- GFD labels
     def label(self, key: str) -> str | None:
         return self.labels.get(key)
 
+    # ---- where the GPU facts come from
+
+    @property
+    def gfd(self) -> bool:
+        """GPU Feature Discovery labelled this node."""
+        lab = self.labels
+        return lab.get("nvidia.com/gpu.present") == "true" or "nvidia.com/gpu.product" in lab \
+            or "nvidia.com/gpu.count" in lab
+
+    @property
+    def scheme(self) -> str:
+        if self.gfd:
+            return "gfd"
+        if GKE_ACCELERATOR in self.labels:
+            return "gke"
+        if KARPENTER_GPU_NAME in self.labels:
+            return "karpenter"
+        if catalog.instance_type(self.labels.get(INSTANCE_TYPE)):
+            return "instance-type"
+        return "resources"
+
+    @property
+    def instance(self) -> catalog.InstanceType | None:
+        return catalog.instance_type(self.labels.get(INSTANCE_TYPE))
+
+    @functools.cached_property
+    def catalog_product(self) -> catalog.Product | None:
+        """The catalog's entry for the product, by whichever scheme names it."""
+        scheme, lab = self.scheme, self.labels
+        found = None
+        if scheme == "gfd":
+            return catalog.lookup(lab.get("nvidia.com/gpu.product", ""))
+        if scheme == "gke":
+            found = catalog.by_alias("gke", lab[GKE_ACCELERATOR])
+        elif scheme == "karpenter":
+            found = catalog.by_alias("karpenter", lab[KARPENTER_GPU_NAME], _int(lab.get(KARPENTER_GPU_MEMORY)))
+        if found is None and self.instance is not None:
+            found = catalog.PRODUCTS.get(self.instance.product)
+        return found
+
     @property
     def product(self) -> str:
-        return self.labels.get("nvidia.com/gpu.product", "")
+        """GFD's product label; on other schemes the catalog's name for what they label."""
+        if self.gfd:
+            return self.labels.get("nvidia.com/gpu.product", "")
+        if self.catalog_product is not None:
+            return self.catalog_product.label
+        return self.labels.get(GKE_ACCELERATOR) or self.labels.get(KARPENTER_GPU_NAME) or ""
+
+    @property
+    def physical_count(self) -> int | None:
+        """GPUs in the node per a source other than the device plugin (None where none says)."""
+        if self.scheme == "karpenter" and _int(self.labels.get(KARPENTER_GPU_COUNT)) is not None:
+            return _int(self.labels.get(KARPENTER_GPU_COUNT))
+        return self.instance.count if self.instance else None
 
     @property
     def count_label(self) -> int | None:
-        return _int(self.labels.get("nvidia.com/gpu.count"))
+        """Devices before sharing, per the labels: GFD's ``gpu.count`` (MIG instances under the single
+        strategy); elsewhere the node's GPUs (x partitions per GPU on a GKE MIG node). None: unknown."""
+        if self.gfd:
+            return _int(self.labels.get("nvidia.com/gpu.count"))
+        physical = self.physical_count
+        if physical is None:
+            return None
+        partition = self.labels.get(GKE_PARTITION)
+        if partition:
+            prof = self.catalog_product.mig_profile(partition) if self.catalog_product else None
+            return physical * prof.max_per_gpu if prof else None
+        return physical
+
+    @property
+    def count_source(self) -> str:
+        if self.gfd:
+            return "nvidia.com/gpu.count"
+        if self.scheme == "karpenter" and KARPENTER_GPU_COUNT in self.labels:
+            return KARPENTER_GPU_COUNT
+        return f"instance type {self.instance.name} (gpuproof catalog)" if self.instance else ""
 
     @property
     def replicas(self) -> int:
-        return _int(self.labels.get("nvidia.com/gpu.replicas")) or 1
+        if self.gfd:
+            return _int(self.labels.get("nvidia.com/gpu.replicas")) or 1
+        if self.labels.get(GKE_SHARING):
+            return _int(self.labels.get(GKE_MAX_CLIENTS)) or 1
+        return 1
 
     @property
     def sharing_strategy(self) -> str:
-        return self.labels.get("nvidia.com/gpu.sharing-strategy", "none")
+        if self.gfd:
+            return self.labels.get("nvidia.com/gpu.sharing-strategy", "none")
+        gke = self.labels.get(GKE_SHARING)
+        return {"time-sharing": "time-slicing", "mps": "mps"}.get(gke or "", gke or "none")
 
     @property
     def mig_strategy(self) -> str:
-        return self.labels.get("nvidia.com/mig.strategy", "none")
+        if self.gfd:
+            return self.labels.get("nvidia.com/mig.strategy", "none")
+        return "single" if self.labels.get(GKE_PARTITION) else "none"
+
+    @property
+    def single_mig_profile(self) -> str | None:
+        """The MIG profile every device has under the single strategy (GFD product suffix, GKE partition)."""
+        if self.mig_strategy != "single":
+            return None
+        if self.gfd:
+            profile = self.product.removesuffix("-SHARED").partition("-MIG-")[2]
+            return profile or None
+        return self.labels.get(GKE_PARTITION)
 
     @property
     def memory_mib(self) -> int | None:
+        """``nvidia.com/gpu.memory`` (a label pods can select on; GFD only)."""
         return _int(self.labels.get("nvidia.com/gpu.memory"))
 
     @property
@@ -88,7 +208,35 @@ class GpuNode:
     def time_sliced(self) -> bool:
         return self.sharing_strategy == "time-slicing" or self.replicas > 1
 
+    @property
+    def product_selector(self) -> dict[str, str]:
+        """Node labels that pick nodes of this node's product (what a user's nodeSelector would say)."""
+        lab, scheme = self.labels, self.scheme
+        if scheme == "gfd":
+            return {"nvidia.com/gpu.product": self.product} if self.product else {}
+        if scheme == "gke":
+            return {GKE_ACCELERATOR: lab[GKE_ACCELERATOR]}
+        if scheme == "karpenter":
+            return {k: lab[k] for k in (KARPENTER_GPU_NAME, KARPENTER_GPU_MEMORY) if k in lab}
+        if scheme == "instance-type":
+            return {INSTANCE_TYPE: lab[INSTANCE_TYPE]}
+        return {}
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """Where product, count, sharing and partitioning were read from."""
+        scheme, lab = self.scheme, self.labels
+        if scheme == "gfd":
+            return {"product": "nvidia.com/gpu.product", "count": "nvidia.com/gpu.count",
+                    "sharing": "nvidia.com/gpu.sharing-strategy", "partitioning": "nvidia.com/mig.strategy"}
+        product = {"gke": GKE_ACCELERATOR, "karpenter": KARPENTER_GPU_NAME,
+                   "instance-type": f"{INSTANCE_TYPE} (gpuproof catalog)"}.get(scheme, "(unknown)")
+        return {"product": product, "count": self.count_source or "(unknown)",
+                "sharing": GKE_SHARING if GKE_SHARING in lab else "(none labelled)",
+                "partitioning": GKE_PARTITION if GKE_PARTITION in lab else "(none labelled)"}
+
     # ---- device plugin resources
+
     def allocatable_of(self, resource: str) -> int | None:
         return _int(self.allocatable.get(resource))
 
@@ -124,6 +272,27 @@ class GpuNode:
     def taint_strings(self) -> list[str]:
         return [f"{t['key']}={t.get('value') or ''}:{t['effect']}".replace("=:", ":") for t in self.taints]
 
+    # ---- node state
+
+    def condition(self, kind: str) -> str:
+        return (self.conditions.get(kind) or {}).get("status", "Unknown" if kind == "Ready" else "")
+
+    @property
+    def ready(self) -> bool:
+        return self.condition("Ready") == "True"
+
+    @property
+    def unfit_for_placement(self) -> str:
+        """Why pods cannot land here whatever the suite asks ('' when they can)."""
+        if not self.ready:
+            c = self.conditions.get("Ready") or {}
+            return f"not Ready (Ready={self.condition('Ready')}{', ' + c['reason'] if c.get('reason') else ''})"
+        if self.unschedulable:
+            return "cordoned (spec.unschedulable)"
+        lifecycle = [s for t, s in zip(self.taints, self.taint_strings())
+                     if t["key"].startswith("node.kubernetes.io/") and t["effect"] in ("NoSchedule", "NoExecute")]
+        return f"tainted {', '.join(lifecycle)}" if lifecycle else ""
+
 
 @dataclasses.dataclass
 class Discovery:
@@ -146,12 +315,18 @@ class Discovery:
         return out
 
     @property
+    def placeable(self) -> list[GpuNode]:
+        """GPU nodes pods can land on (Ready, not cordoned, no node-lifecycle taint)."""
+        return [n for n in self.gpu_nodes if not n.unfit_for_placement]
+
+    @property
     def simulated(self) -> bool:
         """True when every GPU node is a kwok node (no real GPU anywhere)."""
         return bool(self.gpu_nodes) and all(n.simulated for n in self.gpu_nodes)
 
     def node(self, name: str) -> GpuNode:
         return next(n for n in self.gpu_nodes if n.name == name)
+
 
 def _as_dict(node) -> dict:
     """Accept kubernetes client V1Node objects or plain dicts."""
@@ -163,6 +338,12 @@ def _as_dict(node) -> dict:
 def is_gpu_node(labels: dict, capacity: dict) -> bool:
     if labels.get("nvidia.com/gpu.present") == "true" or "nvidia.com/gpu.count" in labels:
         return True
+    if GKE_ACCELERATOR in labels or labels.get(AKS_ACCELERATOR) == "nvidia":
+        return True
+    if KARPENTER_GPU_NAME in labels and labels.get(KARPENTER_GPU_MAKER, "nvidia") == "nvidia":
+        return True
+    if catalog.instance_type(labels.get(INSTANCE_TYPE)):
+        return True
     return any((res == GPU or res == GPU_SHARED or MIG_RESOURCE.match(res)) and (_int(v) or 0) > 0
                for res, v in capacity.items())
 
@@ -170,8 +351,7 @@ def is_gpu_node(labels: dict, capacity: dict) -> bool:
 def discover(nodes: Iterable, pool_label: str | None = None) -> Discovery:
     raw = [_as_dict(n) for n in nodes]
     gpu, other = [], []
-    all_labels = [((r.get("metadata") or {}).get("labels") or {}) for r in raw]
-    chosen = pool_label or next((k for k in POOL_LABELS if any(k in lab for lab in all_labels)), None)
+    used: dict[str, int] = {}
     for r in raw:
         meta = r.get("metadata") or {}
         status = r.get("status") or {}
@@ -183,12 +363,21 @@ def discover(nodes: Iterable, pool_label: str | None = None) -> Discovery:
             continue
         taints = [{"key": t.get("key"), "value": t.get("value"), "effect": t.get("effect")}
                   for t in (spec.get("taints") or [])]
-        pool = (labels.get(chosen) if chosen else None) or labels.get("nvidia.com/gpu.product") or "unknown"
-        gpu.append(GpuNode(
+        chosen = pool_label or next((k for k in POOL_LABELS if k in labels), None)
+        if chosen:
+            used[chosen] = used.get(chosen, 0) + 1
+        conditions = {c.get("type"): {"status": c.get("status"), "reason": c.get("reason") or "",
+                                      "message": c.get("message") or ""}
+                      for c in (status.get("conditions") or [])}
+        node = GpuNode(
             name=meta["name"], labels=dict(labels), capacity=capacity,
             allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
-            taints=taints, pool=pool,
-            simulated=(meta.get("annotations") or {}).get(KWOK_ANNOTATION) == "fake",
-        ))
+            taints=taints, simulated=(meta.get("annotations") or {}).get(KWOK_ANNOTATION) in SIMULATED,
+            conditions=conditions, unschedulable=bool(spec.get("unschedulable")),
+            node_info=dict(status.get("nodeInfo") or status.get("node_info") or {}),
+        )
+        node.pool = (labels.get(chosen) if chosen else None) or node.product or "unknown"
+        gpu.append(node)
     gpu.sort(key=lambda n: n.name)
-    return Discovery(gpu_nodes=gpu, other_nodes=sorted(other), pool_label=chosen)
+    chosen_label = pool_label or (max(used, key=used.get) if used else None)
+    return Discovery(gpu_nodes=gpu, other_nodes=sorted(other), pool_label=chosen_label)

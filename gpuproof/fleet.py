@@ -34,12 +34,14 @@ import copy
 import dataclasses
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from . import catalog
+from . import discovery as d
 from .discovery import GPU, GPU_SHARED, KWOK_ANNOTATION
 from .errors import FleetError
 
@@ -51,6 +53,11 @@ _VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
+# how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
+LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
+# GPU operator components (nvidia.com/gpu.deploy.<component>) on an operator-managed (OpenShift) node
+OPERATOR_COMPONENTS = ("driver", "container-toolkit", "device-plugin", "gpu-feature-discovery",
+                       "dcgm-exporter", "dcgm", "operator-validator", "node-status-exporter")
 
 
 # --------------------------------------------------------------------------- model
@@ -107,6 +114,16 @@ class Fault:
     drop_capacity: list[str] = dataclasses.field(default_factory=list)
     set_allocatable: dict[str, str] = dataclasses.field(default_factory=dict)
     drop_allocatable: list[str] = dataclasses.field(default_factory=list)
+    # node state: a dead kubelet (ready: false), a cordon, conditions, extra taints
+    ready: bool | None = None
+    unschedulable: bool = False
+    conditions: dict[str, str] = dataclasses.field(default_factory=dict)     # type -> "True"/"False"
+    add_taints: list[Taint] = dataclasses.field(default_factory=list)
+
+    @property
+    def unmanaged(self) -> bool:
+        """kwok would rewrite the node's conditions: such a node is left to nobody, like a dead kubelet."""
+        return self.ready is False or bool(self.conditions)
 
 
 @dataclasses.dataclass
@@ -123,6 +140,7 @@ class Pool:
     time_slicing: TimeSlicing | None = None
     mig: Mig | None = None
     faults: list[Fault] = dataclasses.field(default_factory=list)
+    label_scheme: str = "gfd"
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
@@ -150,10 +168,55 @@ class Pool:
         return {GPU: str(devices)}
 
     def gpu_labels(self) -> dict[str, str]:
+        """The GPU labels a node of this pool carries under its label scheme."""
+        if self.gpu is None:
+            return {}
+        scheme = self.label_scheme
+        if scheme in ("gfd", "openshift"):
+            labels = self.gfd_labels()
+            if scheme == "openshift":
+                labels.update(self.operator_labels())
+            return labels
+        known = catalog.lookup(self.gpu.product)
+        aliases = dict(reversed(known.aliases)) if known else {}
+        if scheme == "gke":
+            labels = {d.GKE_ACCELERATOR: aliases["gke"], "cloud.google.com/gke-nodepool": self.name,
+                      "cloud.google.com/gke-gpu-driver-version": "default"}
+            if self.time_slicing:
+                labels[d.GKE_MAX_CLIENTS] = str(self.time_slicing.replicas)
+                labels[d.GKE_SHARING] = "time-sharing"
+            if self.mig:
+                labels[d.GKE_PARTITION] = next(iter(self.mig.profiles))
+            return labels
+        if scheme == "karpenter":
+            return {"karpenter.sh/nodepool": self.name, "karpenter.sh/capacity-type": "on-demand",
+                    d.KARPENTER_GPU_NAME: aliases["karpenter"], d.KARPENTER_GPU_MAKER: "nvidia",
+                    d.KARPENTER_GPU_COUNT: str(self.gpu.count), d.KARPENTER_GPU_MEMORY: str(self.gpu.memory_mib)}
+        if scheme == "aks":
+            return {"kubernetes.azure.com/agentpool": self.name, "agentpool": self.name,
+                    d.AKS_ACCELERATOR: "nvidia", "kubernetes.azure.com/mode": "user"}
+        return {"eks.amazonaws.com/nodegroup": self.name, "eks.amazonaws.com/capacityType": "ON_DEMAND"}
+
+    def operator_labels(self) -> dict[str, str]:
+        """What the GPU operator's controllers put on a node it manages (all healthy)."""
+        labels = {f"nvidia.com/gpu.deploy.{c}": "true" for c in OPERATOR_COMPONENTS}
+        labels.update({"nvidia.com/gpu-driver-upgrade-state": "upgrade-done",
+                       "nvidia.com/gfd.timestamp": str(int(time.time())),
+                       "node-role.kubernetes.io/worker": "", "node.openshift.io/os_id": "rhcos"})
+        if self.mig:
+            labels["nvidia.com/gpu.deploy.mig-manager"] = "true"
+            profiles = self.mig.profiles
+            (only, per_gpu), = list(profiles.items())[:1]
+            known = catalog.lookup(self.gpu.product)
+            prof = known.mig_profile(only) if known else None
+            uniform = len(profiles) == 1 and prof is not None and per_gpu == prof.max_per_gpu
+            labels["nvidia.com/mig.config"] = f"all-{only}" if uniform else f"custom-{self.name}"
+            labels["nvidia.com/mig.config.state"] = "success"
+        return labels
+
+    def gfd_labels(self) -> dict[str, str]:
         """The labels GFD (plus NFD's PCI label) puts on a node of this pool."""
         g = self.gpu
-        if g is None:
-            return {}
         product, count, memory = g.product, g.count, g.memory_mib
         labels: dict[str, str] = {}
         known = catalog.lookup(g.product)
@@ -254,6 +317,9 @@ class Pool:
                     },
                 },
             }
+            if self.label_scheme == "openshift":
+                node["status"]["nodeInfo"].update({"osImage": "Red Hat Enterprise Linux CoreOS (simulated)",
+                                                   "containerRuntimeVersion": "cri-o://1.32.0"})
             for fault in self.faults:
                 if fault.node is None or fault.node == i:
                     _apply_fault(node, fault)
@@ -273,6 +339,19 @@ def _apply_fault(node: dict, fault: Fault) -> None:
     status["allocatable"].update(fault.set_allocatable)
     for key in fault.drop_allocatable:
         status["allocatable"].pop(key, None)
+    if fault.unschedulable:
+        node["spec"]["unschedulable"] = True
+    node["spec"]["taints"] += [t.as_dict() for t in fault.add_taints]
+    if fault.unmanaged:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        wanted = {"Ready": "False" if fault.ready is False else "True", "MemoryPressure": "False",
+                  "DiskPressure": "False", "PIDPressure": "False", **fault.conditions}
+        reasons = {"Ready": "KubeletNotReady" if wanted["Ready"] == "False" else "KubeletReady"}
+        status["conditions"] = [{"type": k, "status": v, "reason": reasons.get(k, f"Kubelet{k}" if v == "True"
+                                                                               else f"KubeletHasNo{k}"),
+                                 "message": f"simulated by gpuproof's fleet fault ({k}={v})",
+                                 "lastHeartbeatTime": now, "lastTransitionTime": now} for k, v in wanted.items()]
+        node["metadata"]["annotations"][KWOK_ANNOTATION] = "unmanaged"
 
 
 @dataclasses.dataclass
@@ -296,6 +375,11 @@ class Fleet:
 
     def node_objects(self) -> list[dict]:
         return [n for p in self.pools for n in p.node_objects()]
+
+    def managed_node_names(self) -> list[str]:
+        """Nodes kwok keeps Ready (the others play dead or sick kubelets)."""
+        return [n["metadata"]["name"] for n in self.node_objects()
+                if n["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"]
 
     @property
     def node_count(self) -> int:
@@ -480,7 +564,17 @@ def _parse_fault(f: _Fields) -> Fault:
         drop_capacity=f.str_list("dropCapacity"),
         set_allocatable=f.str_map("setAllocatable"),
         drop_allocatable=f.str_list("dropAllocatable"),
+        unschedulable=f.bool("unschedulable"),
+        conditions=f.str_map("conditions"),
+        add_taints=[_parse_taint(t, f, f"addTaints[{i}]") for i, t in enumerate(f.str_list("addTaints"))],
     )
+    ready = f.get("ready")
+    if ready is not None and not isinstance(ready, bool):
+        f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
+    fault.ready = ready
+    for kind, value in fault.conditions.items():
+        if value not in ("True", "False", "Unknown"):
+            f.fail(f"conditions.{kind}", f"must be True, False or Unknown, got {value!r}")
     f.done()
     return fault
 
@@ -512,6 +606,10 @@ def _parse_pool(f: _Fields) -> Pool:
         pool.mig = _parse_mig(mig_f, pool.gpu)
         if pool.mig and pool.time_slicing:
             f.fail("mig", "time-slicing of MIG devices is not modelled; use one or the other in a pool")
+    pool.label_scheme = f.str("labelScheme", "gfd")
+    if pool.label_scheme not in LABEL_SCHEMES:
+        f.fail("labelScheme", f"{pool.label_scheme!r} is not one of {', '.join(LABEL_SCHEMES)}")
+    _check_scheme(pool, f)
     faults = f.get("faults", [])
     if not isinstance(faults, list):
         f.fail("faults", f"must be a list, got {_kind(faults)}")
@@ -521,6 +619,37 @@ def _parse_pool(f: _Fields) -> Pool:
             f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
     f.done()
     return pool
+
+
+def _check_scheme(pool: Pool, f: _Fields) -> None:
+    """A managed offering's scheme must be able to say what the pool has, as that offering would."""
+    scheme = pool.label_scheme
+    if scheme in ("gfd", "openshift") or pool.gpu is None:
+        return
+    known = catalog.lookup(pool.gpu.product)
+    it = catalog.instance_type(pool.instance_type)
+    if scheme in ("gke", "eks", "aks"):
+        if it is None:
+            f.fail("instanceType", f"labelScheme {scheme} reads the GPUs from the instance type, and "
+                                   f"{pool.instance_type or '(none)'!r} is not in gpuproof's catalog")
+        if (it.product, it.count) != (pool.gpu.product, pool.gpu.count):
+            f.fail("gpu", f"instance type {it.name} has {it.count}x {it.product}, not "
+                          f"{pool.gpu.count}x {pool.gpu.product}")
+    if scheme in ("gke", "karpenter") and (known is None or not dict(known.aliases).get(scheme)):
+        f.fail("gpu.product", f"labelScheme {scheme} has no name for {pool.gpu.product}")
+    if scheme == "gke":
+        if pool.time_slicing:
+            if pool.time_slicing.rename_by_default:
+                f.fail("timeSlicing.renameByDefault", "GKE's device plugin does not rename shared GPUs")
+            pool.time_slicing.fail_requests_greater_than_one = True   # GKE refuses more than 1 shared GPU
+        if pool.mig:
+            (profile, per_gpu), = list(pool.mig.profiles.items())[:1]
+            prof = known.mig_profile(profile)
+            if pool.mig.strategy != "single" or per_gpu != prof.max_per_gpu:
+                f.fail("mig", f"GKE partitions every GPU of a pool into one size, as many as fit "
+                              f"(strategy single, {prof.max_per_gpu} of {profile})")
+    elif pool.mig or pool.time_slicing:
+        f.fail("labelScheme", f"sharing and MIG are modelled for gfd, openshift and gke pools, not {scheme}")
 
 
 def parse_fleet(data: Any, source: str = "") -> Fleet:

@@ -5,7 +5,13 @@ The shape (consumed by the report layer and by ``gpuproof report compare``)::
     {"captured", "cluster", "kubernetes_version",
      "nodes": [{"name", "pool", "gpu", "product", "gpu_count", "gpu_memory_mib",
                 "driver_version", "cuda_version", "sharing_strategy", "replicas",
-                "mig_strategy", "labels" (GPU-related only), "capacity", "allocatable", "taints"}]}
+                "mig_strategy", "labels" (GPU-related only), "capacity", "allocatable", "taints",
+                "label_scheme", "sources", "kubelet_version", "container_runtime", "kernel", "os_image",
+                "mig_config", "mig_config_state", "driver_upgrade_state",
+                "stack/<component>" (image of each NVIDIA component's pod on the node)}]}
+
+Every flat field is compared by ``gpuproof report compare``, so an upgrade shows exactly which
+of driver, CUDA, device plugin, GFD, operator components, kubelet, runtime and kernel changed.
 """
 
 from __future__ import annotations
@@ -15,10 +21,38 @@ from typing import Iterable
 from .discovery import GpuNode, discover
 from .results import utcnow
 
-GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de")
+GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "cloud.google.com/gke-accelerator",
+                      "cloud.google.com/gke-gpu", "cloud.google.com/gke-max-shared", "karpenter.k8s.aws/instance-gpu",
+                      "kubernetes.azure.com/accelerator")
+# NVIDIA components whose pods' images are recorded: (inventory name, pod name or app label fragments)
+STACK_COMPONENTS = (
+    ("device-plugin", ("nvidia-device-plugin", "nvidia-gpu-device-plugin")),
+    ("gpu-feature-discovery", ("gpu-feature-discovery",)),
+    ("driver", ("nvidia-driver-daemonset", "nvidia-driver-installer")),
+    ("container-toolkit", ("nvidia-container-toolkit",)),
+    ("dcgm-exporter", ("nvidia-dcgm-exporter", "dcgm-exporter")),
+    ("mig-manager", ("nvidia-mig-manager",)),
+    ("operator-validator", ("nvidia-operator-validator",)),
+    ("dra-driver", ("nvidia-dra-driver",)),
+)
 
 
-def node_entry(node: GpuNode) -> dict:
+def stack_images(pods: Iterable[dict]) -> dict[str, dict[str, str]]:
+    """node -> {"stack/<component>": image} from the pods of NVIDIA's components (raw pod JSON)."""
+    out: dict[str, dict[str, str]] = {}
+    for p in pods:
+        meta, spec = p.get("metadata") or {}, p.get("spec") or {}
+        node = spec.get("nodeName")
+        text = " ".join([meta.get("name", ""), *((meta.get("labels") or {}).values())])
+        for component, fragments in STACK_COMPONENTS:
+            if node and any(f in text for f in fragments):
+                images = sorted({c.get("image", "") for c in spec.get("containers") or []})
+                out.setdefault(node, {})[f"stack/{component}"] = ",".join(images)
+    return out
+
+
+def node_entry(node: GpuNode, stack: dict[str, str] | None = None) -> dict:
+    info = node.node_info
     return {
         "name": node.name,
         "pool": node.pool,
@@ -36,13 +70,24 @@ def node_entry(node: GpuNode) -> dict:
         "capacity": dict(sorted(node.capacity.items())),
         "allocatable": dict(sorted(node.allocatable.items())),
         "taints": node.taint_strings(),
+        "label_scheme": node.scheme,
+        "sources": node.sources,
+        "kubelet_version": info.get("kubeletVersion", info.get("kubelet_version", "")),
+        "container_runtime": info.get("containerRuntimeVersion", info.get("container_runtime_version", "")),
+        "kernel": info.get("kernelVersion", info.get("kernel_version", "")),
+        "os_image": info.get("osImage", info.get("os_image", "")),
+        "mig_config": node.labels.get("nvidia.com/mig.config", ""),
+        "mig_config_state": node.labels.get("nvidia.com/mig.config.state", ""),
+        "driver_upgrade_state": node.labels.get("nvidia.com/gpu-driver-upgrade-state", ""),
+        **(stack or {}),
     }
 
 
 def snapshot_from_nodes(nodes: Iterable, cluster: str = "", kubernetes_version: str = "",
-                        pool_label: str | None = None) -> dict:
+                        pool_label: str | None = None, pods: Iterable[dict] = ()) -> dict:
     d = discover(nodes, pool_label=pool_label)
-    entries = [node_entry(n) for n in d.gpu_nodes]
+    stack = stack_images(pods)
+    entries = [node_entry(n, stack.get(n.name)) for n in d.gpu_nodes]
     entries += [{"name": name, "gpu": False} for name in d.other_nodes]
     return {
         "captured": utcnow(),
@@ -57,4 +102,16 @@ def snapshot_from_nodes(nodes: Iterable, cluster: str = "", kubernetes_version: 
 def snapshot(cluster, pool_label: str | None = None) -> dict:
     """Inventory of a live cluster (a gpuproof.cluster.Cluster)."""
     return snapshot_from_nodes(cluster.node_dicts(), cluster=cluster.name,
-                               kubernetes_version=cluster.version(), pool_label=pool_label)
+                               kubernetes_version=cluster.version(), pool_label=pool_label,
+                               pods=_pod_dicts(cluster))
+
+
+def _pod_dicts(cluster) -> list[dict]:
+    """Raw pod JSON of the whole cluster (for component images); none where pods cannot be listed."""
+    try:
+        resp = cluster.core.list_pod_for_all_namespaces(_preload_content=False)
+        import json
+
+        return json.loads(resp.data).get("items") or []
+    except Exception:      # the inventory is a record: a cluster that hides its pods still gets one
+        return []

@@ -1,19 +1,38 @@
 """Affinity: pods choose GPUs by product and memory through node labels.
 
-nodeSelector and required affinity on ``nvidia.com/gpu.product`` land on that product;
+nodeSelector and required affinity on the product label (``nvidia.com/gpu.product``, or the
+managed offering's own: GKE's accelerator, Karpenter's instance-gpu-name, the instance type)
+land on that product;
 preferred affinity picks the preferred product while it has room and falls back when
 it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
 """
 
+import pytest
+
 from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled
 
 FEATURE = "affinity"
-PRODUCT = "nvidia.com/gpu.product"
 MEMORY = "nvidia.com/gpu.memory"
+pytestmark = pytest.mark.places_pods
 
 
 def _product_nodes(discovery, product):
-    return [n for n in discovery.gpu_nodes if n.product == product]
+    return [n for n in discovery.placeable if n.product == product]
+
+
+def _selector(nodes, check, name):
+    selector = nodes[0].product_selector
+    if not selector:
+        check.skip(name, f"no label names the GPU product of {nodes[0].name}")
+    return selector
+
+
+def _match(selector: dict) -> list[dict]:
+    return [{"key": k, "operator": "In", "values": [v]} for k, v in sorted(selector.items())]
+
+
+def _shown(selector: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
 def _land(run, scratch, target, name, manifest):
@@ -23,32 +42,35 @@ def _land(run, scratch, target, name, manifest):
 
 def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
+    selector = _selector(nodes, check, "node-selector-product")
     name = "selector-" + gpu_product.lower().replace(".", "-")[:50]
-    p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), node_selector={PRODUCT: gpu_product},
+    p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), node_selector=selector,
                                               tolerations=TOLERATE_ALL))
     landed = discovery.node(p.spec.node_name).product if p.spec.node_name in {n.name for n in
                                                                               discovery.gpu_nodes} else None
     check.equal("node-selector-product", gpu_product, landed if p.status.phase == "Running" else pod_outcome(p),
-                what=f"product of the node a nodeSelector {PRODUCT}={gpu_product} pod landed on",
+                what=f"product of the node a nodeSelector {_shown(selector)} pod landed on",
                 target=f"product/{gpu_product}")
 
 
 def test_required_affinity_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
+    selector = _selector(nodes, check, "required-affinity-product")
     name = "required-" + gpu_product.lower().replace(".", "-")[:50]
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": PRODUCT, "operator": "In", "values": [gpu_product]}]}]}}}
+        {"matchExpressions": _match(selector)}]}}}
     p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), affinity=affinity,
                                               tolerations=TOLERATE_ALL))
     landed = discovery.node(p.spec.node_name).product if p.status.phase == "Running" else pod_outcome(p)
     check.equal("required-affinity-product", gpu_product, landed,
-                what=f"product of the node a required-affinity ({PRODUCT} In [{gpu_product}]) pod landed on",
+                what=f"product of the node a required-affinity ({_shown(selector)}) pod landed on",
                 target=f"product/{gpu_product}")
 
 
 def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, target, check):
     # products whose nodes take plain one-GPU pods; prefer the one with the fewest free slots
-    whole = [n for n in discovery.gpu_nodes if n.gpu_resource == "nvidia.com/gpu" and n.mig_strategy != "mixed"]
+    whole = [n for n in discovery.placeable if n.gpu_resource == "nvidia.com/gpu" and n.mig_strategy != "mixed"
+             and n.product_selector]
     free = {}
     for n in whole:
         free[n.product] = free.get(n.product, 0) + free_on(target.cluster, n, "nvidia.com/gpu")
@@ -57,9 +79,13 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
     if not choices or len(others) < 2:
         check.skip("preferred-affinity", "needs two GPU products with free GPUs, one with at most 16 free")
     slots, preferred = choices[0]
+    selector = next(n.product_selector for n in whole if n.product == preferred)
+    slots = sum(free_on(target.cluster, n, "nvidia.com/gpu") for n in whole
+                if all(n.labels.get(k) == v for k, v in selector.items()))
+    if not 0 < slots <= 16:
+        check.skip("preferred-affinity", f"nodes labelled {_shown(selector)} have {slots} free GPUs (checked for 1-16)")
     affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 100, "preference": {"matchExpressions": [{"key": PRODUCT, "operator": "In",
-                                                             "values": [preferred]}]}}]}}
+        {"weight": 100, "preference": {"matchExpressions": _match(selector)}}]}}
     placed = []
     for i in range(slots + 1):
         name = f"preferred-{i}"
@@ -78,7 +104,7 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
 
 
 def test_memory_greater_than(discovery, run, scratch, target, check):
-    mem = {n.name: n.memory_mib for n in discovery.gpu_nodes if n.memory_mib}
+    mem = {n.name: n.memory_mib for n in discovery.placeable if n.memory_mib}
     if len(set(mem.values())) < 2:
         check.skip("memory-gt", "needs GPU nodes with at least two different nvidia.com/gpu.memory values")
     threshold = sorted(set(mem.values()))[-2]          # only the largest-memory GPUs are above it

@@ -38,7 +38,14 @@ def _ok(value, rule) -> bool:
     return value in rule if isinstance(rule, set) else bool(rule.match(value))
 
 
+def _gfd_only(node, check, name):
+    if not node.gfd:
+        check.skip(name, f"labelled by {node.scheme}, not GPU Feature Discovery: GFD's labels are not expected "
+                         f"(product from {node.sources['product']}, count from {node.sources['count']})")
+
+
 def test_gfd_labels_present_and_well_formed(gpu_node, check):
+    _gfd_only(gpu_node, check, "label-present")
     for label, (rule, desc) in REQUIRED.items():
         value = gpu_node.label(label)
         if value is None:
@@ -57,6 +64,7 @@ def test_driver_version_parts_agree(gpu_node, check):
 
 def test_product_suffix_fits_sharing(gpu_node, check):
     n = gpu_node
+    _gfd_only(n, check, "shared-suffix")
     product = n.product
     if not product:
         return  # reported by the presence check
@@ -95,5 +103,5 @@ def test_inventory_entry(gpu_node, check):
     """Record the node's GPU inventory (product, count, memory, versions, strategies)."""
     n = gpu_node
     check.record("inventory", "pass", actual={
-        "product": n.product, "count": n.count_label, "memory_mib": n.memory_mib, "driver": n.driver_version,
+        "scheme": n.scheme, "sources": n.sources, "product": n.product, "count": n.count_label, "memory_mib": n.memory_mib, "driver": n.driver_version,
         "cuda": n.cuda_version, "sharing": n.sharing_strategy, "replicas": n.replicas, "mig": n.mig_strategy})

@@ -36,7 +36,7 @@ def _pick_node(discovery, cluster, run):
     low_foreign = {p.spec.node_name for p in all_pods
                    if p.metadata.namespace != run.namespace and (p.spec.priority or 0) < HIGH}
     best = None
-    for n in discovery.gpu_nodes:
+    for n in discovery.placeable:
         if n.mig_strategy == "mixed" or n.name in low_foreign:
             continue
         free = free_on(cluster, n, n.gpu_resource)

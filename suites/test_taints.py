@@ -4,6 +4,8 @@ An untainted GPU node is a warning by default (``--strict-taints`` makes it a fa
 without a taint, ordinary pods can fill a GPU node's CPU and memory.
 """
 
+import pytest
+
 from gpuproof.suite import one_device, pod, pod_outcome, settled, tolerations_for
 
 FEATURE = "taints"
@@ -26,6 +28,7 @@ def _first_tainted(pool):
     return next((n for n in pool.nodes if any(t.get("effect") == "NoSchedule" for t in n.taints)), None)
 
 
+@pytest.mark.places_pods
 def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, check):
     node = _first_tainted(gpu_pool)
     if node is None:
@@ -39,6 +42,7 @@ def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, chec
                what="a pod without tolerations pinned to the tainted GPU node", target=node.name)
 
 
+@pytest.mark.places_pods
 def test_tolerating_gpu_pod_lands(gpu_pool, scratch, run, target, check):
     node = _first_tainted(gpu_pool) or gpu_pool.nodes[0]
     name = f"tolerating-{node.name}"[:63]

@@ -36,11 +36,19 @@ def pool(fleet: dict, name: str) -> dict:
     return next(p for p in fleet["pools"] if p["name"] == name)
 
 
-def with_fault(pool_name: str, **fault) -> dict:
-    fleet = mixed()
+def managed() -> dict:
+    return yaml.safe_load(resolve_fleet_path("managed").read_text())
+
+
+def with_fault(pool_name: str, base=mixed, **fault) -> dict:
+    fleet = base()
     fleet["name"] = f"fault-{pool_name}"
     pool(fleet, pool_name).setdefault("faults", []).append(fault)
     return fleet
+
+
+def managed_fault(pool_name: str, **fault) -> dict:
+    return with_fault(pool_name, base=managed, **fault)
 
 
 def untainted_a100() -> dict:
@@ -165,7 +173,125 @@ CASES = {
         [("tolerating-gpu-pod-lands", "l4-shared-0", "running on l4-shared-0", ANY),
          ("node-selector-product", "product/NVIDIA-L4-SHARED", "NVIDIA-L4-SHARED", ANY),
          ("required-affinity-product", "product/NVIDIA-L4-SHARED", "NVIDIA-L4-SHARED", ANY)]),
+    # ---- node state (issue 9): a dead kubelet, a cordon, pressure, taints an upgrade or drain left behind
+    "node-not-ready": (
+        with_fault("a100", node=1, ready=False), ["test_nodes.py"], ["-k", "ready"],
+        [("node-ready", "a100-1", "Ready=True", ANY)]),
+    "node-cordoned": (
+        with_fault("a100", node=0, unschedulable=True), ["test_nodes.py"], ["-k", "cordoned"],
+        [("node-schedulable", "a100-0", "schedulable", "cordoned (spec.unschedulable)")]),
+    "node-memory-pressure": (
+        with_fault("l4-shared", conditions={"MemoryPressure": "True"}), ["test_nodes.py"], ["-k", "pressure"],
+        [("node-no-pressure", "l4-shared-0", "MemoryPressure=False", "MemoryPressure=True (KubeletMemoryPressure)")]),
+    "stray-taint-on-one-node": (
+        with_fault("a100", node=1, addTaints=["maintenance=true:NoSchedule"]), ["test_nodes.py"], ["-k", "taints"],
+        [("node-taints-expected", "a100-1", "only the GPU taint and taints every node of pool p4de.24xlarge carries",
+          "maintenance=true:NoSchedule (on 1 of 2 nodes of the pool)")]),
+    "lifecycle-taint-left-behind": (
+        with_fault("a100", node=0, addTaints=["node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"]),
+        ["test_nodes.py"], ["-k", "taints"],
+        [("node-taints-expected", "a100-0", "no node-lifecycle, autoscaler or disruption taint",
+          "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")]),
+    # ---- NVIDIA stack state
+    "mig-manager-failed": (
+        with_fault("h100-mig", setLabels={"nvidia.com/mig.config": "all-1g.10gb",
+                                          "nvidia.com/mig.config.state": "failed"}), ["test_stack.py"], [],
+        [("mig-config-state", "h100-mig-0", "success", "failed"),
+         ("mig-config-matches", "h100-mig-0", '["1g.10gb"]', '["1g.10gb", "2g.20gb"]')]),
+    "operator-component-paused": (
+        with_fault("a100", node=0, setLabels={"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change"}),
+        ["test_stack.py"], [],
+        [("operator-component-state", "a100-0", "one of ['false', 'pre-installed', 'true']",
+          "paused-for-mig-change")]),
+    "driver-upgrade-failed": (
+        with_fault("a100", node=1, setLabels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-failed"}),
+        ["test_stack.py"], [], [("driver-upgrade-state", "a100-1", "upgrade-done", "upgrade-failed")]),
+    "gfd-labels-stale": (
+        with_fault("l4-shared", setLabels={"nvidia.com/gfd.timestamp": "1700000000"}), ["test_stack.py"], [],
+        [("gfd-fresh", "l4-shared-0", "written within the last 3600 s", ANY)]),
+    # ---- labels that cannot be true for the product they name
+    "memory-implausible": (
+        with_fault("a100", node=0, setLabels={"nvidia.com/gpu.memory": "40960"}), ["test_plausibility.py"], [],
+        [("memory-plausible", "a100-0", "81920 MiB +-7% (NVIDIA-A100-SXM4-80GB)", "40960 MiB")]),
+    "family-implausible": (
+        with_fault("a100", node=0, setLabels={"nvidia.com/gpu.family": "hopper"}), ["test_plausibility.py"], [],
+        [("family-plausible", "a100-0", "ampere", "hopper")]),
+    "compute-implausible": (
+        with_fault("l4-shared", setLabels={"nvidia.com/gpu.compute.major": "9", "nvidia.com/gpu.compute.minor": "0"}),
+        ["test_plausibility.py"], [], [("compute-plausible", "l4-shared-0", "8.9", "9.0")]),
+    "gpu-missing-from-node": (   # consistent labels and capacity, but a p4de.24xlarge has 8 GPUs
+        with_fault("a100", node=1, setLabels={"nvidia.com/gpu.count": "7"}, setCapacity={"nvidia.com/gpu": "7"},
+                   setAllocatable={"nvidia.com/gpu": "7"}), ["test_plausibility.py"], [],
+        [("count-fits-instance", "a100-1", "8", "7")]),
+    "product-wrong-for-instance": (
+        with_fault("l4-shared", setLabels={"nvidia.com/gpu.product": "NVIDIA-A10G-SHARED"}),
+        ["test_plausibility.py"], [], [("product-fits-instance", "l4-shared-0", "NVIDIA-L4", "NVIDIA-A10G")]),
+    "mig-slice-memory-implausible": (
+        with_fault("h100-mig", setLabels={"nvidia.com/mig-1g.10gb.memory": "4864"}), ["test_plausibility.py"], [],
+        [("mig-memory-plausible", "h100-mig-0", "about 10 GB", "4864 MiB")]),
+    "mig-count-implausible": (
+        with_fault("h100-mig", setLabels={"nvidia.com/mig-1g.10gb.count": "60"},
+                   setCapacity={"nvidia.com/mig-1g.10gb": "60"}, setAllocatable={"nvidia.com/mig-1g.10gb": "60"}),
+        ["test_plausibility.py"], [],
+        [("mig-count-plausible", "h100-mig-0", "at most 7 per GPU x 8 GPUs", "60"),
+         ("mig-slices-plausible", "h100-mig-0", "at most 7 compute slices x 8 GPUs", "92")]),
+    # ---- managed offerings' own label schemes, broken
+    "gke-plugin-advertises-too-few": (
+        managed_fault("gke-a100", setCapacity={"nvidia.com/gpu": "1"}, setAllocatable={"nvidia.com/gpu": "1"}),
+        ["test_advertisement.py"], [], [("capacity-matches-count", "gke-a100-0", "2", "1")]),
+    "gke-time-sharing-capacity-wrong": (
+        managed_fault("gke-l4-shared", setCapacity={"nvidia.com/gpu": "1"}, setAllocatable={"nvidia.com/gpu": "1"}),
+        ["test_timeslicing.py"], ["-k", "capacity"], [("shared-allocatable", "gke-l4-shared-0", "3", "1")]),
+    "gke-mig-partitions-missing": (
+        managed_fault("gke-a100-mig", setAllocatable={"nvidia.com/gpu": "3"}), ["test_mig.py"], [],
+        [("mig-single-count", "gke-a100-mig-0", "7", "3")]),
+    "gke-accelerator-wrong-for-machine": (
+        managed_fault("gke-a100", setLabels={"cloud.google.com/gke-accelerator": "nvidia-l4"}),
+        ["test_plausibility.py"], [], [("product-fits-instance", "gke-a100-0", "NVIDIA-A100-SXM4-40GB", "NVIDIA-L4")]),
+    "eks-gpu-missing": (
+        managed_fault("eks-a10g", setCapacity={"nvidia.com/gpu": "3"}, setAllocatable={"nvidia.com/gpu": "3"}),
+        ["test_advertisement.py"], [], [("capacity-matches-count", "eks-a10g-0", "4", "3")]),
+    "eks-device-plugin-gone": (
+        managed_fault("eks-a10g", dropCapacity=["nvidia.com/gpu"], dropAllocatable=["nvidia.com/gpu"]),
+        ["test_advertisement.py"], [], [("capacity-matches-count", "eks-a10g-0", "4", "")]),
+    "karpenter-count-label-disagrees": (
+        managed_fault("karpenter-h100", setLabels={"karpenter.k8s.aws/instance-gpu-count": "4"}),
+        ["test_plausibility.py"], [], [("count-fits-instance", "karpenter-h100-0", "8", "4")]),
+    "aks-device-plugin-gone": (
+        managed_fault("aks-a100", dropCapacity=["nvidia.com/gpu"], dropAllocatable=["nvidia.com/gpu"]),
+        ["test_advertisement.py"], [], [("capacity-matches-count", "aks-a100-0", "1", "")]),
+    "openshift-mig-manager-failed": (
+        managed_fault("ocp-h100-mig", setLabels={"nvidia.com/mig.config.state": "failed"}), ["test_stack.py"], [],
+        [("mig-config-state", "ocp-h100-mig-0", "success", "failed")]),
+    "openshift-mig-layout-not-applied": (
+        managed_fault("ocp-h100-mig", setLabels={"nvidia.com/mig.config": "all-2g.20gb"}), ["test_stack.py"], [],
+        [("mig-config-matches", "ocp-h100-mig-0", '["2g.20gb"]', '["1g.10gb"]')]),
+    "openshift-driver-upgrade-failed": (
+        managed_fault("ocp-a100", setLabels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-failed"}),
+        ["test_stack.py"], [], [("driver-upgrade-state", "ocp-a100-0", "upgrade-done", "upgrade-failed")]),
 }
+
+
+def test_healthy_managed_shapes_pass_every_suite(embedded, tmp_path):
+    """GKE, EKS (plain and Karpenter), AKS and OpenShift node shapes: nothing GFD-only is demanded of them."""
+    with embedded.fleet_loaded(managed()):
+        res = embedded.run_suite("suites", "-m", "not bench", report_dir=tmp_path, run_id="managed")
+    assert res.code == 0, res
+    assert res.failed_checks() == []
+    schemes = {c["actual"] for c in res.checks if c["check"] == "inventory"}
+    for scheme in ("gfd", "gke", "karpenter", "instance-type"):
+        assert f'"scheme": "{scheme}"' in " ".join(schemes), schemes
+
+
+def test_dead_node_is_reported_not_timed_out_on(embedded, tmp_path):
+    """A NotReady node fails the nodes suite by name and is left out of every placement check."""
+    with embedded.fleet_loaded(with_fault("a100", node=1, ready=False)):
+        res = embedded.run_suite("suites", "-m", "not bench", REFUSES, report_dir=tmp_path, run_id="dead-node")
+    assert res.code == 1, res
+    failed = {(c["check"], c["target"]) for c in res.failed_checks()}
+    assert ("node-ready", "a100-1") in failed, failed
+    assert {t for _, t in failed} == {"a100-1"}, failed
+    assert {c for c, _ in failed} <= {"node-ready", "node-taints-expected"}, failed
 
 
 def test_healthy_mixed_fleet_passes_every_suite(embedded, tmp_path):

@@ -33,6 +33,7 @@ from typing import Callable
 import yaml
 
 from ..errors import ControlPlaneError
+from ..discovery import SIMULATED
 from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet
 from . import binaries as _binaries
 from .pki import make_pki
@@ -247,7 +248,7 @@ class SimCluster:
         client = connect(kubeconfig=str(self.kubeconfig))
         core = client.core
         old = [n.metadata.name for n in core.list_node().items
-               if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) == "fake"]
+               if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) in SIMULATED]
         if old:
             progress(f"removing {len(old)} simulated nodes of the previous fleet")
             _parallel(lambda name: _ignore_404(core.delete_node, name), old)
@@ -266,7 +267,7 @@ class SimCluster:
         nodes = fleet.node_objects()
         progress(f"creating {len(nodes)} simulated nodes for fleet {fleet.name!r}")
         _parallel(core.create_node, nodes)
-        client.wait_nodes_ready([n["metadata"]["name"] for n in nodes], timeout=timeout)
+        client.wait_nodes_ready(fleet.managed_node_names(), timeout=timeout)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals

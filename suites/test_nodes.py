@@ -1,0 +1,59 @@
+"""Node state: every GPU node can take GPU work.
+
+Each GPU node is Ready, not cordoned, free of pressure conditions, and carries no
+NoSchedule/NoExecute taint besides the GPU taint and the taints its whole pool shares.
+Node-lifecycle taints (``node.kubernetes.io/*``) and autoscaler or disruption taints always
+fail: they are what a failed upgrade or drain leaves behind. Nodes that cannot take pods are
+left out of the placement checks of the other suites, so they fail here, once, by name.
+"""
+
+from gpuproof.discovery import PRESSURE_CONDITIONS
+
+FEATURE = "nodes"
+
+# taints that say the node is going away or broken, whatever the pool
+BAD_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/", "ToBeDeletedByClusterAutoscaler",
+                      "DeletionCandidateOfClusterAutoscaler", "karpenter.sh/disrupted", "karpenter.sh/disruption",
+                      "cloud.google.com/impending-node-termination")
+
+
+def _is_gpu_taint(taint: dict) -> bool:
+    key = taint["key"]
+    return key.startswith("nvidia.com/") or "gpu" in key.lower() or "gpu" in str(taint.get("value") or "").lower()
+
+
+def test_node_ready(gpu_node, check):
+    cond = gpu_node.conditions.get("Ready") or {}
+    actual = f"Ready={gpu_node.condition('Ready')}" + (f" ({cond['reason']}: {cond['message']})".rstrip(": ")
+                                                     if cond.get("reason") else "")
+    check.true("node-ready", gpu_node.ready, expected="Ready=True", actual=actual, what="node condition Ready")
+
+
+def test_node_not_cordoned(gpu_node, check):
+    check.true("node-schedulable", not gpu_node.unschedulable, expected="schedulable",
+               actual="cordoned (spec.unschedulable)" if gpu_node.unschedulable else "schedulable",
+               what="node (a cordoned node takes no new pod)")
+
+
+def test_node_has_no_pressure(gpu_node, check):
+    for kind in PRESSURE_CONDITIONS:
+        status = gpu_node.condition(kind)
+        reason = (gpu_node.conditions.get(kind) or {}).get("reason", "")
+        check.true("node-no-pressure", status != "True", expected=f"{kind}=False",
+                   actual=f"{kind}={status}" + (f" ({reason})" if reason else ""), what=f"node condition {kind}")
+
+
+def test_node_taints_expected(gpu_node, discovery, check):
+    pool = discovery.pools.get(gpu_node.pool, [gpu_node])
+    for taint, text in zip(gpu_node.taints, gpu_node.taint_strings()):
+        if taint["effect"] not in ("NoSchedule", "NoExecute"):
+            continue
+        if taint["key"].startswith(BAD_TAINT_PREFIXES):
+            check.true("node-taints-expected", False, expected="no node-lifecycle, autoscaler or disruption taint",
+                       actual=text, what="taint")
+            continue
+        shared = [n.name for n in pool if text in n.taint_strings()]
+        ok = _is_gpu_taint(taint) or len(shared) == len(pool)
+        check.true("node-taints-expected", ok, expected=f"only the GPU taint and taints every node of pool "
+                   f"{gpu_node.pool} carries", actual=f"{text} (on {len(shared)} of {len(pool)} nodes of the pool)",
+                   what="taint")
