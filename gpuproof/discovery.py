@@ -51,6 +51,15 @@ POOL_LABELS = (
     INSTANCE_TYPE,
 )
 
+# GPU operator component (nvidia.com/gpu.deploy.<component>) -> the app label (and name prefix) of its pods
+OPERATOR_COMPONENT_APPS = {
+    "driver": "nvidia-driver-daemonset", "container-toolkit": "nvidia-container-toolkit-daemonset",
+    "device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
+    "dcgm-exporter": "nvidia-dcgm-exporter", "dcgm": "nvidia-dcgm", "operator-validator": "nvidia-operator-validator",
+    "node-status-exporter": "nvidia-node-status-exporter", "mig-manager": "nvidia-mig-manager",
+    "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset", "vgpu-manager": "nvidia-vgpu-manager-daemonset",
+}
+
 # conditions a healthy node has False; Ready must be True
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")
 

@@ -58,6 +58,9 @@ LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
 # GPU operator components (nvidia.com/gpu.deploy.<component>) on an operator-managed (OpenShift) node
 OPERATOR_COMPONENTS = ("driver", "container-toolkit", "device-plugin", "gpu-feature-discovery",
                        "dcgm-exporter", "dcgm", "operator-validator", "node-status-exporter")
+# a node label that keeps the embedded cluster's stand-in for a GPU operator component off the node
+# (gpuproof's own tests use it to play a component whose pod is missing)
+NO_OPERATOR_POD = "gpuproof.dev/sim-no-pod.{component}"
 
 
 # --------------------------------------------------------------------------- model
@@ -235,8 +238,6 @@ class Pool:
         labels.update({
             "feature.node.kubernetes.io/pci-10de.present": "true",
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.deploy.device-plugin": "true",
-            "nvidia.com/gpu.deploy.gpu-feature-discovery": "true",
             "nvidia.com/gpu.product": product,
             "nvidia.com/gpu.count": str(count),
             "nvidia.com/gpu.memory": str(memory),

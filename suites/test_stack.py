@@ -14,8 +14,7 @@ skipped with a reason: a cluster may run the stack without them.
 import re
 import time
 
-import pytest
-
+from gpuproof.discovery import OPERATOR_COMPONENT_APPS
 from gpuproof.pytest_plugin import for_nodes
 
 FEATURE = "stack"
@@ -26,14 +25,6 @@ UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 DEPLOY = re.compile(r"^nvidia\.com/gpu\.deploy\.(.+)$")
 DEPLOY_OK = {"true", "false", "pre-installed"}
-# operator component -> the app label (and pod name prefix) of its pods
-COMPONENT_APPS = {
-    "driver": "nvidia-driver-daemonset", "container-toolkit": "nvidia-container-toolkit-daemonset",
-    "device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
-    "dcgm-exporter": "nvidia-dcgm-exporter", "dcgm": "nvidia-dcgm", "operator-validator": "nvidia-operator-validator",
-    "node-status-exporter": "nvidia-node-status-exporter", "mig-manager": "nvidia-mig-manager",
-    "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset", "vgpu-manager": "nvidia-vgpu-manager-daemonset",
-}
 
 
 def _deploy_labels(node) -> dict[str, str]:
@@ -84,15 +75,12 @@ def test_gfd_labels_fresh(gpu_node, check, request):
                actual=f"{age:.0f} s ago", what=f"{GFD_TIMESTAMP} (is GFD still running on the node?)")
 
 
-@pytest.mark.realcluster
 @for_nodes(lambda n: any(v == "true" for v in _deploy_labels(n).values()))
 def test_operator_component_pods_ready(gpu_node, target, check):
     """nodes where the GPU operator deploys components"""
-    if gpu_node.simulated:
-        check.skip("operator-pod-ready", "simulated node: the GPU operator's pods do not run on kwok nodes")
     pods = target.cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={gpu_node.name}").items
     for component, value in sorted(_deploy_labels(gpu_node).items()):
-        app = COMPONENT_APPS.get(component)
+        app = OPERATOR_COMPONENT_APPS.get(component)
         if value != "true" or app is None:
             continue
         mine = [p for p in pods if (p.metadata.labels or {}).get("app") == app or p.metadata.name.startswith(app)]

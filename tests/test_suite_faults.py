@@ -266,6 +266,9 @@ CASES = {
     "openshift-mig-layout-not-applied": (
         managed_fault("ocp-h100-mig", setLabels={"nvidia.com/mig.config": "all-2g.20gb"}), ["test_stack.py"], [],
         [("mig-config-matches", "ocp-h100-mig-0", '["2g.20gb"]', '["1g.10gb"]')]),
+    "openshift-operator-pod-missing": (
+        managed_fault("ocp-a100", setLabels={"gpuproof.dev/sim-no-pod.dcgm-exporter": "true"}), ["test_stack.py"], [],
+        [("operator-pod-ready", "ocp-a100-0", "a Ready nvidia-dcgm-exporter pod", "none")]),
     "openshift-driver-upgrade-failed": (
         managed_fault("ocp-a100", setLabels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-failed"}),
         ["test_stack.py"], [], [("driver-upgrade-state", "ocp-a100-0", "upgrade-done", "upgrade-failed")]),

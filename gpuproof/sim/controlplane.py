@@ -268,6 +268,9 @@ class SimCluster:
         progress(f"creating {len(nodes)} simulated nodes for fleet {fleet.name!r}")
         _parallel(core.create_node, nodes)
         client.wait_nodes_ready(fleet.managed_node_names(), timeout=timeout)
+        from . import operator
+
+        operator.apply(client, fleet, timeout=timeout, progress=progress)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals
