@@ -9,7 +9,8 @@ it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
 
 import pytest
 
-from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled
+from gpuproof.churn import ForeignPods
+from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled, used_on
 
 FEATURE = "affinity"
 MEMORY = "nvidia.com/gpu.memory"
@@ -20,11 +21,18 @@ def _product_nodes(discovery, product):
     return [n for n in discovery.placeable if n.product == product]
 
 
-def _selector(nodes, check, name):
+def _selector(nodes, check, name, run, target):
+    """The product's node labels, and a churn guard over every node they select (skip when all are full)."""
     selector = nodes[0].product_selector
     if not selector:
         check.skip(name, f"no label names the GPU product of {nodes[0].name}")
-    return selector
+    chosen = [n for n in nodes if all(n.labels.get(k) == v for k, v in selector.items())]
+    churn = ForeignPods(target.cluster, run.run_id, [n.name for n in chosen])
+    (resource, _), = one_device(nodes[0]).items()
+    if not any(free_on(target.cluster, n, resource) for n in chosen) and \
+            any(used_on(target.cluster, n.name, resource) for n in chosen):
+        check.skip(name, f"every node labelled {_shown(selector)} has all its {resource} taken by other pods")
+    return selector, churn
 
 
 def _match(selector: dict) -> list[dict]:
@@ -42,7 +50,7 @@ def _land(run, scratch, target, name, manifest):
 
 def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
-    selector = _selector(nodes, check, "node-selector-product")
+    selector, churn = _selector(nodes, check, "node-selector-product", run, target)
     name = "selector-" + gpu_product.lower().replace(".", "-")[:50]
     p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), node_selector=selector,
                                               tolerations=TOLERATE_ALL))
@@ -50,12 +58,12 @@ def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, 
                                                                               discovery.gpu_nodes} else None
     check.equal("node-selector-product", gpu_product, landed if p.status.phase == "Running" else pod_outcome(p),
                 what=f"product of the node a nodeSelector {_shown(selector)} pod landed on",
-                target=f"product/{gpu_product}")
+                target=f"product/{gpu_product}", churn=churn)
 
 
 def test_required_affinity_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
-    selector = _selector(nodes, check, "required-affinity-product")
+    selector, churn = _selector(nodes, check, "required-affinity-product", run, target)
     name = "required-" + gpu_product.lower().replace(".", "-")[:50]
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": _match(selector)}]}}}
@@ -64,13 +72,14 @@ def test_required_affinity_by_product(gpu_product, discovery, run, scratch, targ
     landed = discovery.node(p.spec.node_name).product if p.status.phase == "Running" else pod_outcome(p)
     check.equal("required-affinity-product", gpu_product, landed,
                 what=f"product of the node a required-affinity ({_shown(selector)}) pod landed on",
-                target=f"product/{gpu_product}")
+                target=f"product/{gpu_product}", churn=churn)
 
 
 def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, target, check):
     # products whose nodes take plain one-GPU pods; prefer the one with the fewest free slots
     whole = [n for n in discovery.placeable if n.gpu_resource == "nvidia.com/gpu" and n.mig_strategy != "mixed"
              and n.product_selector]
+    churn = ForeignPods(target.cluster, run.run_id, [n.name for n in whole])
     free = {}
     for n in whole:
         free[n.product] = free.get(n.product, 0) + free_on(target.cluster, n, "nvidia.com/gpu")
@@ -97,10 +106,11 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
     target_name = f"product/{preferred}"
     check.equal("preferred-while-room", [preferred] * slots, placed[:slots],
                 what=f"products chosen for the first {slots} pods preferring {preferred} (it has {slots} free)",
-                target=target_name)
+                target=target_name, churn=churn)
     check.true("preferred-falls-back", placed[slots] != preferred and not str(placed[slots]).startswith(
                ("unschedulable", "Pending")), expected="another GPU product once the preferred one is full",
-               actual=placed[slots], what=f"pod {slots + 1} preferring the full {preferred}", target=target_name)
+               actual=placed[slots], what=f"pod {slots + 1} preferring the full {preferred}", target=target_name,
+               churn=churn)
 
 
 def test_memory_greater_than(discovery, run, scratch, target, check):

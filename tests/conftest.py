@@ -57,13 +57,33 @@ class EmbeddedCluster:
         finally:
             self.load("mixed")
 
+    def suite_command(self, *suite_args: str, report_dir: Path, run_id: str) -> list[str]:
+        return [sys.executable, "-m", "pytest", *suite_args, f"--kubeconfig={self.kubeconfig}",
+                f"--report-dir={report_dir}", f"--run-id={run_id}", "-p", "no:cacheprovider", "-q",
+                "-o", "addopts=-ra --strict-markers", f"--rootdir={REPO}"]
+
     def run_suite(self, *suite_args: str, report_dir: Path, run_id: str, timeout: float = 300) -> "SuiteResult":
         """Run suites as a user would: a pytest subprocess against this cluster's kubeconfig."""
-        cmd = [sys.executable, "-m", "pytest", *suite_args, f"--kubeconfig={self.kubeconfig}",
-               f"--report-dir={report_dir}", f"--run-id={run_id}", "-p", "no:cacheprovider", "-q",
-               "-o", "addopts=-ra --strict-markers", f"--rootdir={REPO}"]
+        cmd = self.suite_command(*suite_args, report_dir=report_dir, run_id=run_id)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         return SuiteResult(proc, report_dir / run_id)
+
+    def run_suites_together(self, runs: dict[str, list[str]], report_dir: Path, timeout: float = 600
+                            ) -> dict[str, "SuiteResult"]:
+        """Start one suite run per run id at once (as two users would) and wait for all of them."""
+        procs = {rid: subprocess.Popen(self.suite_command(*args, report_dir=report_dir, run_id=rid), cwd=REPO,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for rid, args in runs.items()}
+        out = {}
+        for rid, proc in procs.items():
+            try:
+                stdout, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, _ = proc.communicate()
+            out[rid] = SuiteResult(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, ""),
+                                   report_dir / rid)
+        return out
 
 
 class SuiteResult:

@@ -25,6 +25,9 @@ def _clean(args) -> int:
     from ..cluster import connect
     from ..sim.controlplane import SimCluster
 
+    from .run import check_kubeconfig
+
+    check_kubeconfig(args.kubeconfig)
     kubeconfig = args.kubeconfig
     if not kubeconfig and not args.context:
         sim = SimCluster()
@@ -32,6 +35,10 @@ def _clean(args) -> int:
             raise GpuproofError("no cluster named and no embedded cluster running; pass --kubeconfig/--context")
         kubeconfig = str(sim.kubeconfig)
     cluster = connect(kubeconfig, args.context)
+    from ..lease import remove_expired
+
+    for line in remove_expired(cluster, dry_run=args.dry_run):       # killed runs' run leases
+        print(("would remove " if args.dry_run else "removed ") + line)
     leftovers = cluster.leftover_runs()
     if args.run_id:
         leftovers = {k: v for k, v in leftovers.items() if k in args.run_id}
