@@ -111,6 +111,7 @@ class Churn:
         self.rng = random.Random(seed)
         self.stop = threading.Event()
         self.created = 0
+        self.started = time.monotonic()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self):
@@ -146,6 +147,10 @@ class Churn:
                 self.created += 1
                 live.append((now + self.lifetime * (0.5 + self.rng.random()), name))
 
+    @property
+    def achieved_rate(self) -> float:
+        return self.created / max(1e-9, time.monotonic() - self.started)
+
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join(timeout=30)
@@ -156,16 +161,20 @@ class Churn:
                 self.sched.delete_priority_class(name)
 
 
-CHURN_RATE = float(os.environ.get("GPUPROOF_CHURN_RATE", "2.0"))   # foreign pods created (and deleted) per second
+CHURN_RATE = float(os.environ.get("GPUPROOF_CHURN_RATE", "5.0"))   # foreign pods created (and deleted) per second
 
 
 def test_healthy_cluster_under_churn_has_no_false_failures(embedded, tmp_path):
     with Churn(embedded.client, CHURN_RATE) as churn:
+        t0 = time.monotonic()
         res = embedded.run_suite(*SUITES, report_dir=tmp_path, run_id="churn")
+        wall = time.monotonic() - t0
     _green(res)
-    assert churn.created > 10
+    assert churn.created > 10 or CHURN_RATE < 1
     skips = [c for c in res.checks if c["verdict"] == "skip" and "pods of others changed" in (c["message"] or "")]
-    print(f"churn at {CHURN_RATE}/s: {churn.created} foreign pods; {len(skips)} checks skipped for churn")
+    passed = sum(c["verdict"] == "pass" for c in res.checks)
+    print(f"churn {CHURN_RATE}/s asked, {churn.achieved_rate:.1f}/s achieved: {churn.created} foreign pods; "
+          f"checks: {passed} passed, {len(skips)} skipped for churn, 0 failed; suite wall {wall:.1f}s")
 
 
 @pytest.mark.parametrize("case", ["capacity-differs-from-count", "mig-count-label-disagrees", "gpu-node-full",
