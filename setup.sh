@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up gpuproof on this machine: a Python virtualenv in .venv with gpuproof installed (editable),
+# Set up gpuproof on this machine: a Python virtualenv in .venv with gpuproof[bench] installed (editable),
 # and the embedded cluster's control plane (built once from the pinned Go modules into
 # ~/.cache/gpuproof, or taken from $GPUPROOF_BIN_DIR / $KUBEBUILDER_ASSETS / PATH).
 # Idempotent: a second run takes seconds.
@@ -26,8 +26,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-echo "[setup] installing gpuproof and its dependencies into .venv (torch is large the first time)"
-.venv/bin/python -m pip install -q -e .
+echo "[setup] installing gpuproof[bench] and its dependencies into .venv (torch is large the first time)"
+.venv/bin/python -m pip install -q -e '.[bench]'
 
 if [ "$with_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "[setup] installing chromium (Debian package) for the report tests"

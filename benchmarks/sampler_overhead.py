@@ -14,7 +14,10 @@ Three measurements, all of the real sampler code (no stand-in NVML):
 
 On a GPU host, (1) and (2) include the NVML calls for every GPU; without one they
 measure the scaffolding around them only, and the per-device NVML cost must be taken on
-a GPU host with this same script.
+a GPU host with this same script. Every line gives CPU per tick and % of one core per
+GPU (the budget is 1% per GPU at 10 Hz, i.e. 1 ms of CPU per GPU per tick); on a GPU host
+it also lists the CPU time of each read and the reads the sampler moved to the phase
+boundaries to stay within that budget.
 
     python benchmarks/sampler_overhead.py --seconds 20 --hz 10
 """
@@ -50,9 +53,13 @@ def as_used(hz: float, seconds: float) -> dict:
         threading.Event().wait(seconds)
     s.stop()
     used = time.process_time() - c1
+    ndev = max(1, len(s.devices))
     return {"available": s.available, "reason": s.reason, "devices": len(s.devices), "samples": len(s.samples),
             "thread_started": s.ticks > 0, "setup_cpu_s": c1 - c0, "cpu_s": used, "idle_baseline_cpu_s": base,
-            "overhead_pct_of_core": max(0.0, used - base) / seconds * 100}
+            "overhead_pct_of_core": max(0.0, used - base) / seconds * 100,
+            "overhead_pct_of_core_per_gpu": max(0.0, used - base) / seconds * 100 / ndev,
+            "cpu_us_per_tick": max(0.0, used - base) / s.ticks * 1e6 if s.ticks else None,
+            "sampler_cost": s.summary()["sampler_cost"]}
 
 
 def run_loop(hz: float, seconds: float) -> dict:
@@ -64,9 +71,12 @@ def run_loop(hz: float, seconds: float) -> dict:
     s._stop.set()
     t.join()
     wall = time.perf_counter() - t0
+    cost = s.cost()
     return {"hz": hz, "devices": len(s.devices), "ticks": s.ticks, "missed_ticks": s.missed_ticks,
             "wall_s": wall, "thread_cpu_s": s.cpu_seconds, "pct_of_core": s.cpu_seconds / wall * 100,
-            "cpu_us_per_tick": s.cpu_seconds / max(1, s.ticks) * 1e6}
+            "pct_of_core_per_gpu": s.cpu_seconds / wall * 100 / len(s.devices) if s.devices else None,
+            "cpu_us_per_tick": s.cpu_seconds / max(1, s.ticks) * 1e6,
+            "read_cpu_us": cost["read_cpu_us"], "moved_to_boundaries": cost["moved_to_boundaries"]}
 
 
 def device_read_cost(n: int = 2000) -> dict | None:
@@ -77,7 +87,13 @@ def device_read_cost(n: int = 2000) -> dict | None:
     c0 = time.thread_time()
     for _ in range(n):
         dev.read()
-    return {"cpu_us_per_device_read": (time.thread_time() - c0) / n * 1e6, "device": dev.name}
+    c1 = time.thread_time()
+    for _ in range(max(1, n // 10)):
+        dev.read_boundary()
+    c2 = time.thread_time()
+    return {"cpu_us_per_device_read": (c1 - c0) / n * 1e6, "device": dev.name,
+            "cpu_us_per_boundary_read": (c2 - c1) / max(1, n // 10) * 1e6,
+            "read_cpu_us": dev.read_cost_us()}
 
 
 def main() -> int:
@@ -95,20 +111,29 @@ def main() -> int:
     }
     a, l, f = out["as_used"], out["loop_at_hz"], out["loop_flat_out"]
     print(f"\n{out['host']}; NVML: {'%d device(s)' % a['devices'] if a['available'] else a['reason']}\n")
-    print("| measurement | result |")
-    print("|---|---|")
-    print(f"| as used, {args.hz:g} Hz, {args.seconds:g} s | {a['overhead_pct_of_core']:.3f} % of one core "
-          f"while running (thread started: {a['thread_started']}, samples: {a['samples']}); "
-          f"{a['setup_cpu_s'] * 1e3:.1f} ms CPU once to set up |")
-    print(f"| sampler loop at {args.hz:g} Hz over {l['devices']} device(s) | {l['pct_of_core']:.4f} % of one core, "
-          f"{l['cpu_us_per_tick']:.1f} us CPU per tick, {l['ticks']} ticks, {l['missed_ticks']} missed |")
-    print(f"| sampler loop flat out over {f['devices']} device(s) | {f['cpu_us_per_tick']:.2f} us CPU per tick "
-          f"({f['ticks']} ticks in {f['wall_s']:.1f} s) |")
+    def pct(x):
+        return "n/a (no GPU)" if x is None else f"{x:.4f} %"
+
+    print("| measurement | CPU per tick | % of one core | % of one core per GPU | notes |")
+    print("|---|---|---|---|---|")
+    tick = f"{a['cpu_us_per_tick']:.1f} us" if a["cpu_us_per_tick"] is not None else "no ticks"
+    print(f"| as used, {args.hz:g} Hz, {args.seconds:g} s | {tick} | {a['overhead_pct_of_core']:.4f} % | "
+          f"{pct(a['overhead_pct_of_core_per_gpu'] if a['available'] else None)} | thread started: "
+          f"{a['thread_started']}, samples: {a['samples']}; {a['setup_cpu_s'] * 1e3:.1f} ms CPU once to set up |")
+    for label, r in ((f"sampler loop at {args.hz:g} Hz", l), ("sampler loop flat out", f)):
+        print(f"| {label} over {r['devices']} device(s) | {r['cpu_us_per_tick']:.1f} us | {r['pct_of_core']:.4f} % | "
+              f"{pct(r['pct_of_core_per_gpu'])} | {r['ticks']} ticks in {r['wall_s']:.1f} s, "
+              f"{r['missed_ticks']} missed |")
     if out["device_read"]:
         d = out["device_read"]
-        print(f"| one device read (all NVML calls, {d['device']}) | {d['cpu_us_per_device_read']:.1f} us CPU |")
+        reads = ", ".join(f"{k} {v:.1f} us" for k, v in d["read_cpu_us"].items())
+        print(f"| one tick's reads of one GPU ({d['device']}) | {d['cpu_us_per_device_read']:.1f} us | | "
+              f"{d['cpu_us_per_device_read'] / (1e6 / args.hz) * 100:.4f} % at {args.hz:g} Hz | per read: {reads}; "
+              f"one phase-boundary read {d['cpu_us_per_boundary_read']:.1f} us |")
+        if l["moved_to_boundaries"]:
+            print(f"| reads moved to phase boundaries (over budget) | | | | {l['moved_to_boundaries']} |")
     else:
-        print("| one device read (all NVML calls) | not measurable here: no GPU |")
+        print("| one tick's reads of one GPU (NVML calls) | not measurable here: no GPU | | | |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0

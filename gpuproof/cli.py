@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -38,8 +39,15 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported in one line (argparse prints the usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpuproof",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -72,6 +80,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpuproof: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:               # output piped into head & co.
+        sys.stderr.close()
+        return 1
+    except OSError as exc:                # a file named on the command line that cannot be read or written
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"gpuproof: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except Exception as exc:              # a bug: one line, the traceback on request
+        if os.environ.get("GPUPROOF_DEBUG"):
+            raise
+        print(f"gpuproof: internal error: {type(exc).__name__}: {_one_line(exc)} "
+              "(GPUPROOF_DEBUG=1 shows the traceback; please report it)", file=sys.stderr)
+        return 70
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
 
 
 if __name__ == "__main__":

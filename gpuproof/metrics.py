@@ -7,6 +7,7 @@ same file and adds the conversions to gpuproof's records:
 - :func:`to_records`: a sampler summary -> long-format :class:`MetricRecord` rows
   (benchmark ``utilization``; metric ``<field>_<mean|p95>``; parameters name the phase,
   the GPU and the benchmark it ran under);
+- :func:`cost_records`: what the sampler itself cost (CPU per tick, % of a core per GPU);
 - :func:`sample_rows`: raw samples -> rows for :meth:`RunDir.add_samples`;
 - :func:`dcgm_to_records`: DCGM exporter series read from Prometheus
   (:func:`dcgm_phase_summary`) -> records, for GPUs NVML cannot see from here.
@@ -61,7 +62,27 @@ def to_records(summary: dict, *, benchmark: str, node: str = "", product: str = 
                     add(f"{field}_{stat}", (stats.get(field) or {}).get(stat), UNITS[field])
             for field in ("energy_j", "ecc_corrected", "ecc_uncorrected", "throttled_fraction"):
                 add(field, stats.get(field), UNITS[field])
+    out += cost_records(summary, benchmark=benchmark, node=node, product=product, parameters=parameters)
     return out
+
+
+COST_METRICS = {
+    "cpu_us_per_tick": ("sampler_cpu_us_per_tick", "us"),
+    "pct_of_core_per_gpu": ("sampler_pct_of_core_per_gpu", "%"),
+    "total_cpu_s": ("sampler_cpu_s", "s"),
+}
+
+
+def cost_records(summary: dict, *, benchmark: str, node: str = "", product: str = "",
+                 parameters: dict | None = None) -> list[MetricRecord]:
+    """What the sampler itself cost (``summary["sampler_cost"]``), as records of benchmark ``utilization``."""
+    cost = (summary or {}).get("sampler_cost") or {}
+    if not summary or not summary.get("available"):
+        return []
+    params = {**(parameters or {}), "of": benchmark, "hz": summary.get("hz"),
+              "gpus": len(summary.get("devices") or [])}
+    return [MetricRecord("utilization", metric, float(cost[key]), unit, dict(params), node=node, product=product)
+            for key, (metric, unit) in COST_METRICS.items() if cost.get(key) is not None]
 
 
 def dcgm_to_records(dcgm: dict, *, benchmark: str, node: str = "", product: str = "") -> list[MetricRecord]:

@@ -12,6 +12,7 @@ parametrizing fixtures ``gpu_node`` / ``gpu_pool`` (one test per discovered node
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -36,26 +37,38 @@ NEEDED_PERMISSIONS = [
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # Canonical names are --gpuproof-*; the short ones (--kubeconfig, --fleet, ...) stay as aliases. Each
+    # option's dest is its short name, so config.getoption("--kubeconfig") and ("--gpuproof-kubeconfig") agree.
     g = parser.getgroup("gpuproof", "gpuproof target and run")
-    g.addoption("--kubeconfig", default=None,
+    g.addoption("--gpuproof-kubeconfig", "--kubeconfig", dest="kubeconfig", default=None,
                 help="run against the cluster of this kubeconfig (default: a private embedded cluster)")
-    g.addoption("--context", default=None, help="kubeconfig context to use (implies a real cluster)")
-    g.addoption("--fleet", default=None,
+    g.addoption("--gpuproof-context", "--context", dest="context", default=None,
+                help="kubeconfig context to use (implies a real cluster)")
+    g.addoption("--gpuproof-fleet", "--fleet", dest="fleet", default=None,
                 help="fleet file (or shipped fleet name) for the embedded cluster; default: mixed")
-    g.addoption("--sim-port", default="auto",
+    g.addoption("--gpuproof-sim-port", "--sim-port", dest="sim_port", default="auto",
                 help="base port of the embedded cluster (uses 6 ports from it); default: auto")
-    g.addoption("--report-dir", default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
+    g.addoption("--gpuproof-report-dir", "--report-dir", dest="report_dir",
+                default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
                 help="folder that gets one sub-folder per run (default: reports)")
-    g.addoption("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
-    g.addoption("--pool-label", default=None,
+    g.addoption("--gpuproof-run-id", "--run-id", dest="run_id", default=None,
+                help="run id (default: time-stamp + random suffix)")
+    g.addoption("--gpuproof-pool-label", "--pool-label", dest="pool_label", default=None,
                 help="node label that names node pools (default: the first of the common cloud labels)")
-    g.addoption("--strict-taints", action="store_true",
+    g.addoption("--gpuproof-strict-taints", "--strict-taints", dest="strict_taints", action="store_true",
                 help="fail (rather than warn) when a GPU node has no NoSchedule taint")
-    g.addoption("--shared-requests-refused", default=None, metavar="POOLS",
+    g.addoption("--gpuproof-shared-requests-refused", "--shared-requests-refused", dest="shared_requests_refused",
+                default=None, metavar="POOLS",
                 help="pools (comma-separated, or 'all') whose time-slicing has failRequestsGreaterThanOne; "
                      "on the embedded cluster the fleet says so")
-    g.addoption("--timeout-scale", type=float, default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
+    g.addoption("--gpuproof-timeout-scale", "--timeout-scale", dest="timeout_scale", type=float,
+                default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
                 help="multiply every wait's deadline (slow clusters)")
+    g.addoption("--gpuproof-lease-wait", "--lease-wait", dest="lease_wait", type=float, default=300.0,
+                metavar="SECONDS", help="how long to wait for another gpuproof run on the same cluster to finish "
+                                        "(its run lease); default 300")
+    g.addoption("--gpuproof-no-lease", "--no-lease", dest="no_lease", action="store_true",
+                help="run without taking the cluster's run lease (concurrent runs are then not kept apart)")
 
 
 # ---------------------------------------------------------------------------- session state
@@ -77,12 +90,16 @@ class Target:
         self._run_dir = None
         self._discovery = None
         self.error: GpuproofError | None = None
+        self.lease = None
         self._closed = False
 
     def progress(self, msg: str) -> None:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None and not self.config.getoption("quiet", 0) > 1:
-            tr.write_line(f"[gpuproof] {msg}")
+            # progress comes during collection and tests too, where pytest captures output: step past it
+            capman = self.config.pluginmanager.get_plugin("capturemanager")
+            with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+                tr.write_line(f"[gpuproof] {msg}")
 
     def timeout(self, seconds: float) -> float:
         return seconds * self.scale
@@ -100,6 +117,11 @@ class Target:
             if self.real:
                 self.cluster = connect(self.config.getoption("--kubeconfig"), self.config.getoption("--context"))
                 self.cluster.require_permissions(NEEDED_PERMISSIONS)
+                if not self.config.getoption("--no-lease", False):
+                    from .lease import RunLease
+
+                    self.lease = RunLease(self.cluster, self.run_id)
+                    self.lease.acquire(self.config.getoption("--lease-wait", 300.0), progress=self.progress)
             else:
                 from .fleet import load_fleet
                 from .sim.controlplane import SimCluster, find_free_base
@@ -156,6 +178,8 @@ class Target:
 
     def shared_requests_refused(self, node) -> bool | None:
         """Whether the node's device plugin refuses shared requests > 1 (None: unknown)."""
+        if node.scheme == "gke" and node.time_sliced:
+            return True          # GKE's device plugin always refuses more than one shared GPU
         if self.fleet is not None and node.simulated:
             try:
                 ts = self.fleet.pool(node.name.rsplit("-", 1)[0]).time_slicing
@@ -192,6 +216,8 @@ class Target:
             except Exception as exc:
                 self.progress(f"cleanup of run {self.run_id} incomplete: {exc}. "
                               f"Run `gpuproof clean` to remove what is left.")
+        if self.lease is not None:
+            self.lease.release()
         if self._run_dir is not None:
             self.write_inventory()
             self._run_dir.finalize(outcome)
@@ -210,6 +236,8 @@ def get_target(config: pytest.Config) -> Target:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "places_pods: the test places pods, so only GPU nodes that can take pods "
+                                       "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
     get_target(config)
     # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
     if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
@@ -252,8 +280,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     except GpuproofError as exc:       # unreachable, refused, missing permissions: stop before anything runs
         raise pytest.UsageError(f"gpuproof cannot use its target cluster: {exc}") from None
     select = getattr(metafunc.function, "gpuproof_select", None)
+    candidates = d.gpu_nodes
+    if metafunc.definition.get_closest_marker("places_pods") is not None:
+        candidates = d.placeable     # a dead or cordoned node is reported by the nodes suite, not timed out on
     if "gpu_node" in wanted:
-        nodes = [n for n in d.gpu_nodes if select is None or select(n)]
+        nodes = [n for n in candidates if select is None or select(n)]
         if nodes:
             metafunc.parametrize("gpu_node", nodes, ids=[n.name for n in nodes])
         else:
@@ -261,15 +292,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 f"no GPU node of the kind this check is for ({getattr(select, '__doc__', '') or 'filtered'})"
             metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=why))], ids=["none"])
     if "gpu_pool" in wanted:
-        pools = {name: nodes for name, nodes in d.pools.items()
-                 if select is None or any(select(n) for n in nodes)}
+        pools: dict[str, list] = {}
+        for n in candidates:
+            pools.setdefault(n.pool, []).append(n)
+        pools = {name: nodes for name, nodes in pools.items() if select is None or any(select(n) for n in nodes)}
         if pools:
             metafunc.parametrize("gpu_pool", [Pool(k, v) for k, v in sorted(pools.items())], ids=sorted(pools))
         else:
             metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(
                 reason="no GPU pools in the cluster"))], ids=["none"])
     if "gpu_product" in wanted:
-        products = sorted({n.product for n in d.gpu_nodes if n.product and (select is None or select(n))})
+        products = sorted({n.product for n in candidates if n.product and (select is None or select(n))})
         if products:
             metafunc.parametrize("gpu_product", products, ids=products)
         else:
@@ -338,7 +371,8 @@ def scratch(run, target):
     """Pods for one test, deleted when it ends (so the next test finds the GPUs free)."""
     from .suite import Scratch
 
-    s = Scratch(run, timeout=target.timeout(120))
+    unfit = [n.name for n in target.discovery().gpu_nodes if n.unfit_for_placement]
+    s = Scratch(run, timeout=target.timeout(120), avoid=unfit)
     yield s
     s.close()
 
@@ -358,6 +392,7 @@ class Checker:
         self.node = node
         self.known_nodes = known_nodes or {}
         self.failures: list[str] = []
+        self.churn_skips: list[str] = []
 
     def _target(self, target: str | None) -> tuple[str, str, str]:
         node = self.node if target is None else self.known_nodes.get(target)
@@ -372,17 +407,28 @@ class Checker:
                                                   expected=expected, actual=actual, message=message, pool=pool,
                                                   product=product))
 
-    def equal(self, check: str, expected: Any, actual: Any, what: str = "", target: str | None = None) -> bool:
+    def equal(self, check: str, expected: Any, actual: Any, what: str = "", target: str | None = None,
+              churn=None) -> bool:
         """Record pass/fail of expected == actual; the test fails at its end with every failed check listed."""
-        return self.true(check, expected == actual, expected, actual, what, target)
+        return self.true(check, expected == actual, expected, actual, what, target, churn)
 
     def true(self, check: str, ok: bool, expected: Any, actual: Any, what: str = "",
-             target: str | None = None) -> bool:
-        """Record a check whose pass condition is given (expected describes the rule)."""
+             target: str | None = None, churn=None) -> bool:
+        """Record a check whose pass condition is given (expected describes the rule).
+
+        ``churn`` (a :class:`gpuproof.churn.ForeignPods`): a failure while other people's pods
+        changed on the check's nodes is recorded as a skip with that reason, not as a failure.
+        """
         if ok:
             self.record(check, "pass", expected, actual, target=target)
             return True
         tgt = self._target(target)[0]
+        moved = churn.changed() if churn is not None else ""
+        if moved:
+            msg = f"{tgt}: {what or check}: not judged, {moved} (expected {_show(expected)}, actual {_show(actual)})"
+            self.record(check, "skip", expected, actual, msg, target=target)
+            self.churn_skips.append(msg)
+            return False
         msg = f"{tgt}: {what or check}: expected {_show(expected)}, actual {_show(actual)}"
         self.record(check, "fail", expected, actual, msg, target=target)
         self.failures.append(msg)
@@ -403,6 +449,8 @@ class Checker:
     def finish(self) -> None:
         if self.failures:
             pytest.fail("\n".join(self.failures), pytrace=False)
+        if self.churn_skips:
+            raise pytest.skip.Exception("\n".join(self.churn_skips), _use_item_location=True)
 
 
 class GpuproofWarning(UserWarning):

@@ -81,21 +81,42 @@ def free_on(cluster, node: GpuNode, resource: str) -> int:
     return max(0, (node.allocatable_of(resource) or 0) - used_on(cluster, node.name, resource))
 
 
-class Scratch:
-    """Pods one test creates; deleted (and waited for) when the test ends so capacity is free again."""
+def keep_off(manifest: dict, nodes: list[str]) -> dict:
+    """Add ``metadata.name NotIn nodes`` to every required node-affinity term of a pod manifest.
 
-    def __init__(self, run, timeout: float = 120.0):
+    The suites tolerate every taint, so without this a pod could be bound to a dead node
+    (its not-ready taint tolerated too) and wait there for a kubelet that never comes.
+    """
+    if not nodes:
+        return manifest
+    affinity = manifest["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+    for term in terms:
+        term.setdefault("matchFields", []).append({"key": "metadata.name", "operator": "NotIn", "values": nodes})
+    required["nodeSelectorTerms"] = terms
+    return manifest
+
+
+class Scratch:
+    """Pods one test creates; deleted (and waited for) when the test ends so capacity is free again.
+
+    Every pod is kept off ``avoid`` (GPU nodes unfit for placement: not Ready, cordoned, lifecycle taint).
+    """
+
+    def __init__(self, run, timeout: float = 120.0, avoid: list[str] | None = None):
         self.run = run
         self.names: list[str] = []
         self.timeout = timeout
+        self.avoid = sorted(avoid or [])
 
     def create(self, manifest: dict):
-        obj = self.run.apply(manifest)
+        obj = self.run.apply(keep_off(manifest, self.avoid))
         self.names.append(manifest["metadata"]["name"])
         return obj
 
     def try_create(self, manifest: dict) -> ApiException | None:
-        obj, err = self.run.try_apply(manifest)
+        obj, err = self.run.try_apply(keep_off(manifest, self.avoid))
         if err is None:
             self.names.append(manifest["metadata"]["name"])
         return err
@@ -148,10 +169,74 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
     return [workloads.parse_result(run.pod_logs(n), what=f"probe pod {n}") for n in names]
 
 
-def visible_device_ids(result: dict) -> list[str]:
-    """What the device plugin handed the container: NVIDIA_VISIBLE_DEVICES, else the CUDA device UUIDs."""
-    env = result.get("env") or {}
-    ids = env.get("NVIDIA_VISIBLE_DEVICES") or env.get("CUDA_VISIBLE_DEVICES")
-    if ids and ids not in ("all", "void", "none"):
-        return [i.strip() for i in ids.split(",") if i.strip()]
-    return [d.get("uuid") or "" for d in result.get("torch_devices", [])]
+def normalize_uuid(uuid, kind: str = "GPU") -> str:
+    """'GPU-<hex>' / 'MIG-<hex>' as NVML writes them; torch's bare '<hex>' gets ``kind``'s prefix."""
+    from .workloads import import_workload
+
+    return import_workload("probe").normalize_uuid(uuid, kind)
+
+
+def nvml_device_ids(result: dict) -> list[str]:
+    """The devices a probe pod can use, as NVML UUIDs: 'GPU-...' per GPU, 'MIG-...' per MIG device.
+
+    From the probe's ``nvml_uuids`` (or its NVML inventory). Never NVIDIA_VISIBLE_DEVICES:
+    on a real host it held an index ('0'), and with the CDI strategy it holds nothing.
+    """
+    if "nvml_uuids" in result:
+        ids = result.get("nvml_uuids") or []
+    else:
+        ids = []
+        for dev in (result.get("nvml") or {}).get("devices") or []:
+            if dev.get("mig_mode"):
+                ids += [normalize_uuid(m.get("uuid"), "MIG") for m in dev.get("mig_devices") or []]
+            else:
+                ids.append(normalize_uuid(dev.get("uuid"), "GPU"))
+    return [u for u in (normalize_uuid(i) for i in ids) if u]
+
+
+def _pod(result: dict, i: int) -> str:
+    return result.get("host") or f"pod {i}"
+
+
+def _no_devices(results: list[dict]) -> list[str]:
+    """'<pod>: reason' for each probe result that reports no NVML device."""
+    out = []
+    for i, r in enumerate(results):
+        if not nvml_device_ids(r):
+            nvml = r.get("nvml") or {}
+            why = nvml.get("reason") if nvml.get("available") is False else "NVML lists no GPU or MIG device"
+            out.append(f"{_pod(r, i)}: {why}")
+    return out
+
+
+def shared_gpu_check(results: list[dict]) -> tuple[bool, object, object, str]:
+    """Pods time-sharing one GPU: (ok, expected, actual, what) for 'every pod sees the same one GPU'."""
+    missing = _no_devices(results)
+    ids = sorted({u for r in results for u in nvml_device_ids(r)})
+    what = f"distinct GPUs (NVML UUIDs) seen by {len(results)} pods sharing one GPU ({', '.join(ids) or 'none'})"
+    if missing:
+        return False, "one GPU UUID seen by every pod", f"no NVML devices in {'; '.join(missing)}", \
+            f"{what}; pods reporting no NVML devices"
+    ok = len(ids) == 1 and all(len(nvml_device_ids(r)) == 1 for r in results)
+    return ok, 1, len(ids), what
+
+
+def mig_device_checks(results: list[dict]) -> dict[str, tuple[bool, object, object, str]]:
+    """MIG pods: {'one-mig-device-per-pod': ..., 'mig-devices-distinct': ...} as (ok, expected, actual, what)."""
+    n = len(results)
+    per_pod = [[u for u in nvml_device_ids(r) if u.startswith("MIG-")] for r in results]
+    missing = _no_devices(results)
+    what = f"MIG devices (NVML UUIDs) visible in each of {n} pods"
+    if missing:
+        one = (False, [1] * n, [len(p) for p in per_pod], f"{what}; no NVML devices in {'; '.join(missing)}")
+    else:
+        others = [f"{_pod(r, i)}: {[u for u in nvml_device_ids(r) if not u.startswith('MIG-')]}"
+                  for i, r in enumerate(results) if any(not u.startswith("MIG-") for u in nvml_device_ids(r))]
+        one = ([len(p) for p in per_pod] == [1] * n, [1] * n, [len(p) for p in per_pod],
+               what + (f"; whole GPUs visible too: {'; '.join(others)}" if others else ""))
+    flat = [u for p in per_pod for u in p]
+    dupes = sorted({u for u in flat if flat.count(u) > 1})
+    distinct = (bool(flat) and not dupes, len(flat) or "at least one", len(set(flat)),
+                f"distinct MIG devices across pods ({', '.join(flat) or 'none reported'})"
+                + (f"; seen by more than one pod: {', '.join(dupes)}" if dupes else ""))
+    return {"one-mig-device-per-pod": one, "mig-devices-distinct": distinct}

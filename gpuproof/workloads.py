@@ -16,13 +16,19 @@ import importlib
 import json
 import re
 import sys
+from importlib import resources
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
 
 from .errors import GpuproofError
 
-WORKLOADS_DIR = Path(__file__).resolve().parent.parent / "workloads"
+
+def _in_package(name: str):
+    return resources.files("gpuproof").joinpath(name)
+
+
+WORKLOADS_DIR = Path(str(_in_package("_workloads")))   # where they are; workloads_dir() checks it
 MOUNT_PATH = "/gpuproof/workloads"
 CONFIGMAP_NAME = "gpuproof-workloads"
 DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -43,11 +49,26 @@ _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # ------------------------------------------------------------------ the workload files
 
 
+def package_folder(name: str) -> Path:
+    """A folder shipped inside the gpuproof package (``suites``, ``_workloads``, ``fleets``).
+
+    The one way gpuproof finds its own files: through the import system, so a checkout
+    (``gpuproof/suites`` and ``gpuproof/_workloads`` link to the repository's ``suites/`` and
+    ``workloads/``), an editable install and an installed wheel all give the same answer.
+    """
+    folder = _in_package(name)
+    if not isinstance(folder, Path):   # e.g. a zip import: pytest and subprocesses need real files
+        raise GpuproofError(f"gpuproof is installed where its {name} folder is not a plain folder ({folder}); "
+                            "install it with pip into a virtualenv")
+    if not folder.is_dir():
+        raise GpuproofError(f"gpuproof's {name} folder {folder} is missing: this install is incomplete; "
+                            "reinstall it (pip install --force-reinstall gpuproof)")
+    return folder
+
+
 def workloads_dir() -> Path:
-    if not WORKLOADS_DIR.is_dir():
-        raise GpuproofError(f"the workloads folder {WORKLOADS_DIR} is missing; gpuproof needs its source "
-                            "tree (pip install -e .) to run workloads")
-    return WORKLOADS_DIR
+    """The workload programs (``workloads/`` in the repository, ``gpuproof/_workloads`` installed)."""
+    return package_folder("_workloads")
 
 
 def import_workload(name: str) -> ModuleType:
@@ -241,6 +262,8 @@ def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterab
     container = _container("allreduce", image, ["sh", "-c", wait_dns + torchrun], gpus_per_node, resource,
                            mounts, env)
     container["ports"] = [{"containerPort": port, "name": "rendezvous"}]
+    # the all-reduce names each node in its per-node figures (and stragglers) by this
+    container["env"].append({"name": "GPUPROOF_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     spec = _pod_spec(container, vols, gpus_per_node, product, None)
     spec["subdomain"] = name
     spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [

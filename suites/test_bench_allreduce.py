@@ -1,16 +1,24 @@
 """Benchmark: all-reduce bandwidth (nccl-tests algbw / busbw / #wrong).
 
 - embedded cluster: gloo on this host's CPU, world size 2, a few small sizes;
-- real cluster: NCCL over every GPU of one node per product (torchrun in one pod), and,
-  where a product has two nodes or more, across nodes (indexed Job + headless Service;
-  at most $GPUPROOF_ALLREDUCE_MAX_NODES nodes, default 4).
+- real cluster: NCCL over every GPU of one node per product (torchrun in one pod; skipped
+  on single-GPU nodes: with one rank no data moves), and, where a product has two nodes or
+  more, across nodes (indexed Job + headless Service; at most
+  $GPUPROOF_ALLREDUCE_MAX_NODES nodes, default 4), with per-node bus bandwidth and the
+  straggler nodes named: below $GPUPROOF_STRAGGLER_PCT % (default 80) of the median node.
 """
+
+import os
 
 import pytest
 
 from gpuproof.bench import get, suite
 
 pytestmark = pytest.mark.bench
+
+STRAGGLER_PCT_ENV = "GPUPROOF_STRAGGLER_PCT"
+ONE_RANK = "1 rank: no data moves between GPUs, so an all-reduce has no bandwidth to measure"
+
 
 def test_allreduce_local_cpu(target, run_dir):
     suite.require_simulated(target, "allreduce")
@@ -23,7 +31,15 @@ def test_allreduce_local_cpu(target, run_dir):
 @pytest.mark.gpu
 def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, discovery):
     suite.require_real_gpus(target, discovery, gpu_products)
-    results = suite.run_per_product("allreduce", run, run_dir, gpu_products, discovery, all_gpus=True)
+    multi, single = {}, []
+    for product, nodes in sorted(gpu_products.items()):
+        if nodes and suite.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1] >= 2:
+            multi[product] = nodes
+        elif nodes:
+            single.append(f"{product} ({sorted(nodes)[0]}: one GPU a pod can get)")
+    if not multi:
+        pytest.skip(f"{ONE_RANK}: {', '.join(single)}")
+    results = suite.run_per_product("allreduce", run, run_dir, multi, discovery, all_gpus=True)
     bad = suite.failures(results)
     assert not bad, "\n".join(bad)
 
@@ -37,12 +53,13 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
     if not multi:
         pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
     bench = get("allreduce")
+    pct = float(os.environ.get(STRAGGLER_PCT_ENV) or 0) or None
     bad = []
     for product, nodes in sorted(multi.items()):
         nnodes = suite.multinode_count(nodes)
         gpus = min(suite.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
         try:
-            result = bench.run_multinode(run, bench.params({}, device="cuda"), product=product,
+            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device="cuda"), product=product,
                                          nnodes=nnodes, gpus_per_node=gpus, image=suite.image())
         except Exception as exc:  # one product failing must not hide the others
             bad.append(f"{product}: {exc}")
@@ -51,4 +68,7 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
         run_dir.add_metrics(records)
         if not result.get("ok"):
             bad.append(f"{product}: {result.get('wrong_total')} wrong elements / {result.get('error')}")
+        for n in result.get("nodes") or []:
+            if n.get("straggler"):
+                bad.append(f"{product}: straggler node {n['node']}: {n['straggler_reason']}")
     assert not bad, "\n".join(bad)

@@ -1,31 +1,69 @@
-"""Benchmark: inference latency under stepped load, with a p99 SLO verdict and goodput.
+"""Benchmark: LLM serving under load: TTFT, TPOT, output tokens/s, goodput, and a capacity
+search that says what bound it (device, server, client or offered-range).
 
-- embedded cluster: the server and the locust load generator on this host's CPU, on
-  127.0.0.1, a few seconds at low rates;
-- real cluster: the server as a Deployment + Service on one GPU of each product, the
-  load generator as a pod in the cluster.
+- embedded cluster: gpuproof's OpenAI-compatible server (a tiny random-weight transformer)
+  and the locust load generator on this host's CPU, on 127.0.0.1, a few seconds;
+- real cluster: the server as a Deployment + Service on one GPU of each product (sized
+  from the GPU's memory), the load generator as a pod in the cluster;
+- ``GPUPROOF_INFERENCE_URL`` (and optionally ``GPUPROOF_INFERENCE_MODEL``): the load
+  generator drives that OpenAI-compatible endpoint instead (vLLM, TGI, SGLang, NIM, ...):
+  from this host on the embedded cluster, from a pod in the cluster on a real one.
 
-The suite records the verdict; it fails only when the load test could not run (the
-SLO verdict is a measurement, kept in the records as slo_verdict_pass).
+The suite records the capacity and its bound; it fails only when the load test could not
+run (the SLO outcome is a measurement, kept in the records).
 """
+
+import os
 
 import pytest
 
-from gpuproof.bench import suite
+from gpuproof.bench import get, suite
 
 pytestmark = pytest.mark.bench
 
+URL_ENV = "GPUPROOF_INFERENCE_URL"
+MODEL_ENV = "GPUPROOF_INFERENCE_MODEL"
+BOUNDS = ("device", "server", "client", "offered-range")
+
+
+def _endpoint() -> dict:
+    url = os.environ.get(URL_ENV)
+    return {"url": url, "model": os.environ.get(MODEL_ENV) or None} if url else {}
+
+
 def test_inference_local_cpu(target, run_dir):
     suite.require_simulated(target, "inference")
-    result, records = suite.run_local_cpu("inference", run_dir)
+    result, records = suite.run_local_cpu("inference", run_dir, _endpoint())
     load = result["load"]
-    assert load["overall"]["requests"] > 0 and load["overall"]["errors"] == 0, load["overall"]
-    assert any(r.metric == "p99_ms" for r in records)
+    assert load["steps"] and load["bound_by"] in BOUNDS, load.get("bound_reason")
+    assert all(s["errors"] == 0 for s in load["steps"]), [s["first_error"] for s in load["steps"]]
+    assert any(r.metric == "ttft_p99_ms" for r in records)
+    assert any(r.metric == "bound_by" and r.parameters.get("bound_by") == load["bound_by"] for r in records)
 
 
 @pytest.mark.gpu
 def test_inference_per_product(target, run, run_dir, gpu_products, discovery):
     suite.require_real_gpus(target, discovery, gpu_products)
+    if _endpoint():
+        pytest.skip(f"{URL_ENV} is set: the user's endpoint is benchmarked instead (test_inference_endpoint)")
     results = suite.run_per_product("inference", run, run_dir, gpu_products, discovery)
     broken = [f"{p}: {r}" for p, r in results.items() if isinstance(r, str)]
     assert not broken, "\n".join(broken)
+
+
+def test_inference_endpoint(target, run, run_dir):
+    """The user's endpoint from a load generator pod in the cluster (real clusters only)."""
+    endpoint = _endpoint()
+    if not endpoint:
+        pytest.skip(f"{URL_ENV} is not set")
+    if suite.is_simulated(target):
+        pytest.skip("the embedded cluster's pods do not run; test_inference_local_cpu drove the endpoint from here")
+    bench = get("inference")
+    params = bench.params(endpoint, device="cuda")
+    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=suite.image(),
+                                  loadgen_image=suite.loadgen_image())
+    records = bench.to_records(result, node="endpoint", product=endpoint["model"] or "endpoint")
+    for r in records:
+        r.parameters.setdefault("run_mode", "cluster")
+    run_dir.add_metrics(records)
+    assert result["load"]["steps"], result["load"].get("error")

@@ -1,7 +1,9 @@
 """Benchmark: dense matmul TFLOPS per dtype, once per GPU product (or locally on the CPU).
 
-Records (benchmark ``matmul``): tflops, median_ms, ratio_to_peak, sm_clock_mhz_mean,
-throttled_fraction per dtype and size; check_rel_err per dtype; utilization per phase.
+Records (benchmark ``matmul``): tflops, median_ms, ratio_to_peak, ratio_to_peak_at_clock
+(TFLOPS / (peak x mean SM clock / max SM clock), GPUs with NVML clocks only),
+sm_clock_mhz_mean, throttled_fraction per dtype and size; check_rel_err per dtype;
+utilization per phase.
 """
 
 import pytest
@@ -18,6 +20,10 @@ def test_matmul_local_cpu(target, run_dir):
     assert result["checks"] and all(c["ok"] for c in result["checks"]), result["checks"]
     tflops = [r for r in records if r.metric == "tflops"]
     assert tflops and all(r.value > 0 and r.node == "local" for r in tflops)
+    # no clocks on the CPU: no efficiency at clock, and each row says why
+    assert not any(r.metric == "ratio_to_peak_at_clock" for r in records)
+    assert all(row["ratio_to_peak_at_clock"] is None and row["ratio_to_peak_at_clock_note"]
+               for row in result["results"])
 
 
 @pytest.mark.gpu

@@ -6,9 +6,13 @@ the node at the same moment and one more waits; with ``failRequestsGreaterThanOn
 request for 2 is refused. On real GPUs every pod on one GPU sees the same GPU UUID.
 """
 
+import pytest
+
+from gpuproof.churn import ForeignPods
 from gpuproof.discovery import GPU_SHARED
 from gpuproof.pytest_plugin import for_nodes
-from gpuproof.suite import TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, used_on, visible_device_ids
+from gpuproof.suite import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, shared_gpu_check,
+                            used_on)
 
 FEATURE = "timeslicing"
 MAX_PODS = 64
@@ -26,16 +30,18 @@ def test_shared_capacity_and_product(gpu_node, check):
     resource = GPU_SHARED if renamed else "nvidia.com/gpu"
     expected = (n.count_label or 0) * n.replicas
     check.equal("shared-allocatable", expected, n.allocatable_of(resource),
-                what=f"allocatable {resource} vs gpu.count={n.count_label} x gpu.replicas={n.replicas}")
-    if not renamed:
+                what=f"allocatable {resource} vs {n.count_source}={n.count_label} x replicas={n.replicas}")
+    if not renamed and n.gfd:
         check.true("shared-product-suffix", n.product.endswith("-SHARED"), expected="product ending in -SHARED",
                    actual=n.product, what="nvidia.com/gpu.product of a time-sliced node")
 
 
+@pytest.mark.places_pods
 @for_nodes(time_sliced)
 def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
     resource = node.gpu_resource
+    churn = ForeignPods(target.cluster, run.run_id, [node.name])
     # what the labels promise, less what other pods already hold
     slots = (node.count_label or 0) * node.replicas - used_on(target.cluster, node.name, resource)
     if not 1 <= slots <= MAX_PODS:
@@ -54,14 +60,15 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
     run.wait_pods(all_settled, target.timeout(120), f"{slots} pods sharing {node.name}'s GPUs to run or be refused")
     check.equal("co-running-peak", slots, peak["running"], target=node.name,
                 what=f"one-{resource} pods Running on the node at the same moment "
-                     f"(gpu.count={node.count_label} x replicas={node.replicas})")
+                     f"(gpu.count={node.count_label} x replicas={node.replicas})", churn=churn)
     scratch.create(pod("share-extra", {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
     extra = run.wait_pod("share-extra", settled, target.timeout(60), "to be placed or refused")
     check.true("one-more-waits", pod_outcome(extra).startswith("unschedulable"),
                expected=f"Pending: Insufficient {resource}", actual=pod_outcome(extra),
-               what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name)
+               what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name, churn=churn)
 
 
+@pytest.mark.places_pods
 @for_nodes(time_sliced)
 def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
@@ -70,6 +77,7 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
         check.skip("shared-request-gt1", "unknown whether this pool's device plugin sets failRequestsGreaterThanOne"
                    " (tell gpuproof with --shared-requests-refused POOLS)")
     resource = node.gpu_resource
+    churn = ForeignPods(target.cluster, run.run_id, [node.name])
     if free_on(target.cluster, node, resource) < 2:
         check.skip("shared-request-gt1", f"{node.name} has fewer than 2 free {resource}")
     scratch.create(pod("share-two", {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
@@ -79,10 +87,11 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     if refused:
         check.true("shared-request-gt1-refused", outcome.startswith("failed: UnexpectedAdmissionError"),
                    expected="Failed: UnexpectedAdmissionError (failRequestsGreaterThanOne)", actual=outcome,
-                   what=f"a pod asking 2 {resource}", target=node.name)
+                   what=f"a pod asking 2 {resource}", target=node.name, churn=churn)
     else:
         check.equal("shared-request-gt1-allowed", f"running on {node.name}", outcome,
-                    what=f"a pod asking 2 {resource} (failRequestsGreaterThanOne not set)", target=node.name)
+                    what=f"a pod asking 2 {resource} (failRequestsGreaterThanOne not set)", target=node.name,
+                    churn=churn)
 
 
 @for_nodes(time_sliced)
@@ -92,6 +101,5 @@ def test_pods_on_one_gpu_see_the_same_uuid(gpu_pool, run, target, check, needs_r
         check.skip("same-gpu-uuid", f"{node.name} has {node.count_label} GPUs; checked on single-GPU nodes")
     pods = min(node.replicas, free_on(target.cluster, node, node.gpu_resource))
     results = probe_on(run, target, node, pods, {node.gpu_resource: 1}, prefix="share-probe")
-    ids = sorted({i for r in results for i in visible_device_ids(r)})
-    check.equal("same-gpu-uuid", 1, len(ids), what=f"distinct GPUs seen by {pods} pods sharing one GPU "
-                f"({', '.join(ids)})", target=node.name)
+    ok, expected, actual, what = shared_gpu_check(results)   # NVML UUIDs, never NVIDIA_VISIBLE_DEVICES
+    check.true("same-gpu-uuid", ok, expected, actual, what=what, target=node.name)

@@ -11,7 +11,8 @@ LABELS = {"gpuproof.dev/run": "r1"}
 
 
 def test_registry():
-    assert names() == ["probe", "matmul", "allreduce", "inference"]
+    assert names()[:4] == ["probe", "matmul", "allreduce", "inference"]
+    assert "hbm" in names()  # gpuproof/bench/hbm.py, imported by gpuproof.bench
     for name, cls in REGISTRY.items():
         b = get(name)
         assert b.name == name and b.script and b.description and b.ci_params is not None
@@ -45,7 +46,7 @@ MATMUL_RESULT = {
     "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "ok": True,
     "results": [{"dtype": "bf16", "m": 8192, "n": 8192, "k": 8192, "iters": 50, "median_ms": 1.4,
                  "tflops": 785.4, "ratio_to_peak": 0.794, "peak_tflops": 989.0, "sm_clock_mhz_mean": 1980.0,
-                 "throttled_fraction": 0.0}],
+                 "sm_clock_mhz_max": 1980.0, "ratio_to_peak_at_clock": 0.794, "throttled_fraction": 0.0}],
     "checks": [{"dtype": "bf16", "size": 256, "rel_err": 0.002, "tolerance": 0.015, "ok": True}],
     "utilization": {"available": True, "phases": {"matmul:bf16:8192x8192x8192": {"duration_s": 2.0, "gpus": {
         "0": {"n": 20, "gpu_util_pct": {"mean": 99.0, "p95": 100.0}, "power_w": {"mean": 690.0, "p95": 700.0},
@@ -61,6 +62,8 @@ def test_matmul_records():
     assert (t.value, t.unit, t.node, t.product) == (785.4, "TFLOPS", "gpu-1", "NVIDIA-H100-80GB-HBM3")
     assert t.parameters["dtype"] == "bf16" and t.parameters["m"] == 8192
     assert by[("matmul", "ratio_to_peak")].value == 0.794
+    at_clock = by[("matmul", "ratio_to_peak_at_clock")]
+    assert at_clock.value == 0.794 and at_clock.parameters["sm_clock_mhz_max"] == 1980.0
     assert by[("matmul", "check_rel_err")].parameters["tolerance"] == 0.015
     assert by[("utilization", "gpu_util_pct_mean")].value == 99.0
     assert by[("utilization", "power_w_p95")].parameters["phase"] == "matmul:bf16:8192x8192x8192"
@@ -77,6 +80,23 @@ def test_allreduce_records():
     busbw = next(r for r in recs if r.metric == "busbw_gbps")
     assert busbw.unit == "GB/s" and busbw.parameters["size_bytes"] == 2**30 and busbw.parameters["world_size"] == 8
     assert {r.metric for r in recs} >= {"algbw_gbps", "time_us", "wrong", "avg_busbw_gbps", "wrong_total"}
+    assert not {"no_bandwidth", "stragglers", "node_inter_busbw_gbps"} & {r.metric for r in recs}
+
+
+def test_allreduce_per_node_records_name_the_node():
+    node = {"intra_busbw_gbps": 450.0, "inter_busbw_gbps": 45.0, "straggler": False, "straggler_reason": None}
+    result = {"device": "cuda", "backend": "nccl", "world_size": 24, "nnodes": 3, "ok": True, "results": [],
+              "straggler_pct": 80.0, "per_node_size_bytes": 2**28, "stragglers": ["gpu-c"],
+              "nodes": [{**node, "node": "gpu-a"}, {**node, "node": "gpu-b"},
+                        {**node, "node": "gpu-c", "inter_busbw_gbps": 20.0, "straggler": True,
+                         "straggler_reason": "inter-node busbw 20 GB/s is below 80% of the median 45 GB/s"}]}
+    recs = get("allreduce").to_records(result, node="3 nodes", product="P")
+    inter = {r.node: r.value for r in recs if r.metric == "node_inter_busbw_gbps"}
+    assert inter == {"gpu-a": 45.0, "gpu-b": 45.0, "gpu-c": 20.0}
+    flag = {r.node: (r.value, r.parameters["reason"]) for r in recs if r.metric == "straggler"}
+    assert flag["gpu-c"][0] == 1.0 and "below 80%" in flag["gpu-c"][1] and flag["gpu-a"] == (0.0, "")
+    (count,) = [r for r in recs if r.metric == "stragglers"]
+    assert (count.value, count.node, count.parameters["names"]) == (1.0, "3 nodes", "gpu-c")
 
 
 def test_cluster_manifests_from_benchmarks():
@@ -89,6 +109,10 @@ def test_cluster_manifests_from_benchmarks():
                         gpus=8)
     cmd = ar["spec"]["containers"][0]["command"]
     assert cmd[0] == "torchrun" and "--nproc-per-node=8" in cmd and "--nproc" not in cmd
+    (ar,) = a.manifests(a.params({"straggler_pct": 70, "ranks_per_node": 2}, device="cuda"), labels=LABELS,
+                        namespace="ns", name="ar", gpus=8)
+    cmd = ar["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--straggler-pct") + 1] == "70" and "--ranks-per-node" not in cmd
     i = get("inference")
     dep, svc, load = i.manifests(i.params(device="cuda"), labels=LABELS, namespace="ns", name="infer")
     assert (dep["kind"], svc["kind"], load["kind"]) == ("Deployment", "Service", "Pod")
@@ -109,7 +133,8 @@ def test_node_gpus_picks_the_resource_a_pod_can_get():
 
     nodes = {
         "whole": _node("whole", {"nvidia.com/gpu": "8"}),
-        "sliced": _node("sliced", {"nvidia.com/gpu": "16"}, {"nvidia.com/gpu.replicas": "4"}),
+        "sliced": _node("sliced", {"nvidia.com/gpu": "16"},
+                        {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.replicas": "4"}),  # GFD-labelled
         "renamed": _node("renamed", {"nvidia.com/gpu.shared": "8"}),
         "mig": _node("mig", {"nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb": "2"}),
     }

@@ -24,6 +24,36 @@ def test_tflops_rectangular():
     assert matmul.tflops(8192, 1024, 4096, 2e-3) == pytest.approx(34.359738368, rel=1e-12)
 
 
+def test_efficiency_at_clock_by_hand():
+    # 680 TFLOPS bf16 on an H100 SXM (peak 989) at a mean 1500 of 1980 MHz:
+    # peak at that clock = 989 * 1500 / 1980 = 749.2424...; 680 / 749.2424 = 0.907583...
+    assert matmul.efficiency_at_clock(680.0, 989.0, 1500.0, 1980.0) == pytest.approx(680 / (989 * 1500 / 1980))
+    assert matmul.efficiency_at_clock(680.0, 989.0, 1500.0, 1980.0) == pytest.approx(0.907583, abs=1e-6)
+    # at the maximum clock it is the plain ratio to peak
+    assert matmul.efficiency_at_clock(494.5, 989.0, 1980.0, 1980.0) == pytest.approx(0.5)
+    for missing in [(680.0, None, 1500.0, 1980.0), (680.0, 989.0, None, 1980.0), (680.0, 989.0, 1500.0, None)]:
+        assert matmul.efficiency_at_clock(*missing) is None
+
+
+def test_efficiency_attached_from_the_sampler_summary():
+    rows = [{"dtype": "bf16", "m": 8192, "n": 8192, "k": 8192, "tflops": 680.0, "peak_tflops": 989.0},
+            {"dtype": "fp32", "m": 512, "n": 512, "k": 512, "tflops": 0.05, "peak_tflops": None}]
+    summary = {"available": True, "devices": [{"gpu": 0, "max_sm_clock_mhz": 1980}], "phases": {
+        "matmul:bf16:8192x8192x8192": {"gpus": {"0": {"sm_clock_mhz": {"mean": 1500.0, "p95": 1600.0},
+                                                      "clock_event_reasons": ["sw_power_cap"],
+                                                      "throttled_fraction": 1.0}}}}}
+    matmul._attach_clocks(rows, summary)
+    bf16, fp32 = rows
+    assert bf16["sm_clock_mhz_mean"] == 1500.0 and bf16["sm_clock_mhz_max"] == 1980.0
+    assert bf16["ratio_to_peak_at_clock"] == pytest.approx(680 / (989 * 1500 / 1980))
+    assert bf16["clock_event_reasons"] == ["sw_power_cap"]
+    assert fp32["ratio_to_peak_at_clock"] is None and "no datasheet peak" in fp32["ratio_to_peak_at_clock_note"]
+    cpu = [{"dtype": "fp32", "m": 64, "n": 64, "k": 64, "tflops": 0.01, "peak_tflops": 10.0}]
+    matmul._attach_clocks(cpu, {"available": False, "reason": "NVML unavailable: no library", "phases": {}})
+    assert cpu[0]["ratio_to_peak_at_clock"] is None
+    assert cpu[0]["ratio_to_peak_at_clock_note"] == "SM clocks unknown: NVML unavailable: no library"
+
+
 def test_tflops_rejects_zero_time():
     with pytest.raises(ValueError):
         matmul.tflops(1, 1, 1, 0.0)

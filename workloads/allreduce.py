@@ -18,6 +18,24 @@ How it is launched (the same file in every case):
 - ``torchrun --nnodes N --node-rank $I --master-addr <job>-0.<svc> ... allreduce.py``
   several nodes (an indexed Job with a headless Service, see gpuproof/workloads.py).
 
+With one rank no data moves between devices: the sweep still times the call, but no
+algbw / busbw is reported (``no_bandwidth_reason`` says why).
+
+Per node (when the job spans two nodes or more): every rank times its own all-reduces,
+and rank 0 gathers the figures of every node:
+
+- intra-node: an all-reduce among each node's own ranks, all nodes at once (NVLink /
+  PCIe of that node; needs two ranks per node or more);
+- inter-node: an all-reduce over the ranks of two neighbouring nodes (i, i+1 mod N), one
+  pair at a time; a node's figure is the best of its pairs, so one slow node drags its
+  own figure down but not its neighbours' (needs three nodes or more to tell which of a
+  pair is slow).
+
+A node whose figure is below ``--straggler-pct`` (default 80) % of the median of the
+nodes is named a straggler in the result (``stragglers``, ``nodes[].straggler``).
+Test-only: ``GPUPROOF_TEST_SLOW_RANK=<rank>`` (and ``GPUPROOF_TEST_SLOW_MS``, default 50)
+delays every timed all-reduce of that rank, to check the detection.
+
 Only global rank 0 prints the JSON result.
 """
 
@@ -25,6 +43,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +67,13 @@ BUSBW_FACTORS = {
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
+DEFAULT_STRAGGLER_PCT = 80.0
+NODE_BYTES_CAP = 256 * 2**20   # per-node figures at min(largest sweep size, 256 MiB) unless --node-bytes
+ONE_RANK_REASON = ("1 rank: no data moves between devices, so no bandwidth is reported "
+                   "(the times are the cost of an all-reduce call with nothing to exchange)")
+SLOW_RANK_ENV = "GPUPROOF_TEST_SLOW_RANK"   # test-only: delay this rank's timed all-reduces
+SLOW_MS_ENV = "GPUPROOF_TEST_SLOW_MS"
+
 
 def algbw_gbps(size_bytes: float, seconds: float) -> float:
     """nccl-tests algorithm bandwidth: bytes / seconds, in GB/s (1e9)."""
@@ -61,6 +87,31 @@ def busbw_gbps(size_bytes: float, seconds: float, nranks: int, collective: str =
     if nranks < 1:
         raise ValueError("nranks must be >= 1")
     return algbw_gbps(size_bytes, seconds) * BUSBW_FACTORS[collective](nranks)
+
+
+def ring_pairs(nnodes: int) -> list[tuple[int, int]]:
+    """Neighbouring node pairs (i, i+1 mod N), each once: 2 -> [(0, 1)], 3 -> [(0, 1), (1, 2), (0, 2)]."""
+    pairs = []
+    for i in range(nnodes):
+        p = tuple(sorted((i, (i + 1) % nnodes)))
+        if p[0] != p[1] and p not in pairs:
+            pairs.append(p)
+    return pairs
+
+
+def find_stragglers(values: dict, pct: float = DEFAULT_STRAGGLER_PCT) -> dict:
+    """Nodes whose bandwidth is below ``pct`` % of the median over nodes -> reason text.
+
+    ``values``: node -> GB/s (None: not measured, left out). Fewer than two figures:
+    nothing can be compared, no straggler.
+    """
+    known = {k: v for k, v in values.items() if v is not None}
+    if len(known) < 2:
+        return {}
+    med = common.median(list(known.values()))
+    limit = med * pct / 100.0
+    return {k: f"{v:.3g} GB/s is below {pct:g}% of the median {med:.3g} GB/s over {len(known)} nodes"
+            for k, v in known.items() if v < limit}
 
 
 def expected_sum_table(nranks: int) -> list[int]:
@@ -90,8 +141,9 @@ def _init(device: str):
     backend = "nccl" if device == "cuda" else "gloo"
     kwargs = {}
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        kwargs["device_id"] = torch.device("cuda", local_rank)
+        index = int(env.get("GPUPROOF_DEVICE_INDEX", local_rank))  # simulated nodes on one host
+        torch.cuda.set_device(index)
+        kwargs["device_id"] = torch.device("cuda", index)
     timeout = datetime.timedelta(seconds=float(env.get("GPUPROOF_PG_TIMEOUT", "600")))
     store_file = env.get("GPUPROOF_STORE_FILE")
     if "MASTER_ADDR" in env and not store_file:  # torchrun / a Job: env:// rendezvous
@@ -111,9 +163,44 @@ def _init(device: str):
     return rank, world, local_rank
 
 
-def _one_size(size: int, args, device: str, world: int, rank: int) -> dict | None:
+def _slow_op(rank: int):
+    """Test-only delay before each timed all-reduce of rank $GPUPROOF_TEST_SLOW_RANK (None: no delay)."""
+    slow = os.environ.get(SLOW_RANK_ENV)
+    if slow is None or slow == "" or int(slow) != rank:
+        return None
+    delay = float(os.environ.get(SLOW_MS_ENV, "50")) / 1e3
+    return lambda: time.sleep(delay)  # an injected delay, not a wait for something
+
+
+def _timed_allreduce(buf, args, device: str, rank: int, group=None) -> float:
+    """Mean seconds of one all-reduce of ``buf`` over ``group``, as this rank saw it."""
+    import torch.distributed as dist
+
+    delay = _slow_op(rank)
+
+    def op(_i):
+        if delay:
+            delay()
+        dist.all_reduce(buf, group=group)
+
+    common.time_total(op, args.warmup, device)
+    dist.barrier(group=group)
+    return common.time_total(op, args.iters, device) / args.iters
+
+
+def _gather_floats(value: float, device: str, world: int) -> list[float]:
+    """Every rank's ``value`` (all ranks call this)."""
     import torch
     import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(out, t)
+    return [float(x.item()) for x in out]
+
+
+def _one_size(size: int, args, device: str, world: int, rank: int) -> dict | None:
+    import torch
 
     dtype = getattr(torch, args.dtype)
     elem = DTYPES[args.dtype]
@@ -122,27 +209,97 @@ def _one_size(size: int, args, device: str, world: int, rank: int) -> dict | Non
         return None
     nbytes = count * elem
     buf = torch.randn(count, device=device, dtype=torch.float32).to(dtype)
-
-    def op(_i):
-        dist.all_reduce(buf)
-
-    common.time_total(op, args.warmup, device)
-    dist.barrier()
-    seconds = common.time_total(op, args.iters, device) / args.iters
-    # nccl-tests averages the time over ranks
-    t = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    seconds = float(t.item()) / world
+    mine = _timed_allreduce(buf, args, device, rank)
+    per_rank = _gather_floats(mine, device, world)
+    seconds = sum(per_rank) / world  # nccl-tests averages the time over ranks
     row = {
         "size_bytes": nbytes, "count": count, "type": args.dtype, "redop": "sum",
         "time_us": seconds * 1e6,
-        "algbw_gbps": algbw_gbps(nbytes, seconds),
-        "busbw_gbps": busbw_gbps(nbytes, seconds, world),
+        "rank_time_us": [t * 1e6 for t in per_rank],
+        "algbw_gbps": algbw_gbps(nbytes, seconds) if world > 1 else None,
+        "busbw_gbps": busbw_gbps(nbytes, seconds, world) if world > 1 else None,
         "wrong": None,
     }
     if args.check:
         row["wrong"] = _count_wrong(buf, count, rank, world, args.dtype, device)
     return row
+
+
+def _node_layout(rank: int, world: int, local_rank: int) -> tuple[list[dict], int]:
+    """Every rank's node: ([{"index", "name", "ranks"}] by node index, this rank's node index)."""
+    import torch.distributed as dist
+
+    env = os.environ
+    local_world = max(1, int(env.get("LOCAL_WORLD_SIZE", "1")))
+    index = int(env["GROUP_RANK"]) if env.get("GROUP_RANK") else rank // local_world
+    name = env.get("GPUPROOF_NODE_NAME") or env.get("NODE_NAME") or socket.gethostname()
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, (index, name))
+    nodes: dict[int, dict] = {}
+    for r, (i, n) in enumerate(everyone):
+        nodes.setdefault(i, {"index": i, "name": n, "ranks": []})["ranks"].append(r)
+    names = [nodes[i]["name"] for i in sorted(nodes)]
+    for i in sorted(nodes):  # two indices, one name (e.g. the same host): tell them apart
+        if names.count(nodes[i]["name"]) > 1:
+            nodes[i]["name"] = f"{nodes[i]['name']}#{i}"
+    return [nodes[i] for i in sorted(nodes)], index
+
+
+def per_node(args, device: str, world: int, rank: int, nodes: list[dict], size: int) -> dict:
+    """Intra-node and inter-node (neighbour pairs) bus bandwidth of every node; all ranks call this."""
+    import torch
+    import torch.distributed as dist
+
+    dtype = getattr(torch, args.dtype)
+    count = max(1, size // DTYPES[args.dtype])
+    nbytes = count * DTYPES[args.dtype]
+    buf = torch.randn(count, device=device, dtype=torch.float32).to(dtype)
+    mine = {n["index"]: n for n in nodes}
+    my_node = next(n["index"] for n in nodes if rank in n["ranks"])
+    out = {n["name"]: {"node": n["name"], "index": n["index"], "ranks": n["ranks"], "intra_busbw_gbps": None,
+                       "inter_busbw_gbps": None, "pairs": {}} for n in nodes}
+
+    # intra-node: every node's own ranks at once (groups must be made by every rank, in one order)
+    if any(len(n["ranks"]) > 1 for n in nodes):
+        groups = {n["index"]: dist.new_group(n["ranks"]) for n in nodes}
+        t = _timed_allreduce(buf, args, device, rank, group=groups[my_node]) if len(mine[my_node]["ranks"]) > 1 \
+            else 0.0
+        times = _gather_floats(t, device, world)
+        for n in nodes:
+            if len(n["ranks"]) > 1:
+                sec = sum(times[r] for r in n["ranks"]) / len(n["ranks"])
+                out[n["name"]]["intra_busbw_gbps"] = busbw_gbps(nbytes, sec, len(n["ranks"]))
+    # inter-node: neighbouring pairs, one pair at a time
+    for a, b in ring_pairs(len(nodes)):
+        ranks = mine[a]["ranks"] + mine[b]["ranks"]
+        group = dist.new_group(ranks)
+        t = _timed_allreduce(buf, args, device, rank, group=group) if rank in ranks else 0.0
+        times = _gather_floats(t, device, world)
+        sec = sum(times[r] for r in ranks) / len(ranks)
+        bw = busbw_gbps(nbytes, sec, len(ranks))
+        for x, y in ((a, b), (b, a)):
+            out[mine[x]["name"]]["pairs"][mine[y]["name"]] = bw
+    for rec in out.values():
+        if rec["pairs"]:
+            rec["inter_busbw_gbps"] = max(rec["pairs"].values())
+    return {"size_bytes": nbytes, "nodes": list(out.values())}
+
+
+def mark_stragglers(node_rows: list[dict], pct: float) -> tuple[list[str], list[str]]:
+    """Flag straggler nodes in ``node_rows`` in place; returns (straggler names, notes)."""
+    notes = []
+    found: dict[str, list[str]] = {}
+    for key, label in (("intra_busbw_gbps", "intra-node"), ("inter_busbw_gbps", "inter-node")):
+        values = {r["node"]: r.get(key) for r in node_rows}
+        for node, why in find_stragglers(values, pct).items():
+            found.setdefault(node, []).append(f"{label} busbw {why}")
+    if len(node_rows) == 2:
+        notes.append("2 nodes: one inter-node pair, so a slow node cannot be told from its peer by the "
+                     "inter-node figure (3 nodes or more can); the intra-node figures still compare")
+    for r in node_rows:
+        r["straggler"] = r["node"] in found
+        r["straggler_reason"] = "; ".join(found[r["node"]]) if r["straggler"] else None
+    return sorted(found), notes
 
 
 CHECK_CHUNK = 1 << 24  # elements per step of the #wrong check: bounded extra memory for 1 GiB buffers
@@ -181,6 +338,10 @@ def _nccl_version() -> str | None:
     return ".".join(map(str, v))
 
 
+def _fmt(x: float | None) -> str:
+    return "       n/a" if x is None else f"{x:10.3f}"
+
+
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
@@ -188,11 +349,15 @@ def worker(args) -> int:
     device = common.setup_device(args)
     sizes = _sizes(args)
     rank, world, local_rank = _init(device)
+    if rank != 0:
+        args.samples_out = None  # ranks of simulated nodes share the host: only rank 0 writes samples
 
     sampler = (nvml_sampler.make_sampler(args.sample_hz) if local_rank == 0
                else nvml_sampler.NullSampler("sampled by local rank 0")).start()
     rows = []
+    nodes_info = None
     try:
+        nodes, _ = _node_layout(rank, world, local_rank)
         for size in sizes:
             with sampler.phase(f"allreduce:{size}"):
                 row = _one_size(size, args, device, world, rank)
@@ -201,8 +366,13 @@ def worker(args) -> int:
             rows.append(row)
             if rank == 0:
                 common.log(f"{common.human_bytes(row['size_bytes']):>8} {row['time_us']:10.1f} us "
-                           f"algbw {row['algbw_gbps']:8.3f} busbw {row['busbw_gbps']:8.3f} GB/s "
+                           f"algbw {_fmt(row['algbw_gbps'])} busbw {_fmt(row['busbw_gbps'])} GB/s "
                            f"#wrong {row['wrong']}")
+        if len(nodes) >= 2 and args.per_node:
+            node_bytes = (common.parse_bytes(args.node_bytes) if args.node_bytes
+                          else min(max(sizes), NODE_BYTES_CAP))
+            with sampler.phase("allreduce:per-node"):
+                nodes_info = per_node(args, device, world, rank, nodes, node_bytes)
     finally:
         summary = nvml_sampler.finish(sampler, args)
         dist.destroy_process_group()
@@ -217,18 +387,33 @@ def worker(args) -> int:
         nccl=_nccl_version() if device == "cuda" else None,
         world_size=world,
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        nnodes=max(1, world // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))),
+        nnodes=len(nodes),
+        node_names=[n["name"] for n in nodes],
         iters=args.iters, warmup=args.warmup,
         results=rows,
-        avg_busbw_gbps=common.mean(r["busbw_gbps"] for r in rows),
-        max_busbw_gbps=max((r["busbw_gbps"] for r in rows), default=None),
+        avg_busbw_gbps=common.mean(r["busbw_gbps"] for r in rows) if world > 1 else None,
+        max_busbw_gbps=max((r["busbw_gbps"] for r in rows), default=None) if world > 1 else None,
         wrong_total=sum(r["wrong"] or 0 for r in rows) if args.check else None,
         utilization=summary,
+        straggler_pct=args.straggler_pct,
+        nodes=None, stragglers=[], straggler_notes=[],
     )
     if world == 1:
-        result["note"] = "world size 1: busbw is 0 by definition (2(n-1)/n), algbw is a local copy rate"
+        result["no_bandwidth_reason"] = ONE_RANK_REASON
+        common.log(f"no bandwidth: {ONE_RANK_REASON}")
+    if nodes_info is not None:
+        stragglers, notes = mark_stragglers(nodes_info["nodes"], args.straggler_pct)
+        result.update(nodes=nodes_info["nodes"], per_node_size_bytes=nodes_info["size_bytes"],
+                      stragglers=stragglers, straggler_notes=notes)
+        for n in nodes_info["nodes"]:
+            common.log(f"node {n['node']}: intra busbw {_fmt(n['intra_busbw_gbps'])} inter busbw "
+                       f"{_fmt(n['inter_busbw_gbps'])} GB/s" + (f"  STRAGGLER: {n['straggler_reason']}"
+                                                                if n["straggler"] else ""))
+    elif len(nodes) >= 2:
+        result["straggler_notes"] = ["per-node figures turned off (--no-per-node)"]
     result["ok"] = bool(rows) and (not args.check or result["wrong_total"] == 0)
-    common.log(f"# Avg bus bandwidth: {result['avg_busbw_gbps']}")
+    if world > 1:
+        common.log(f"# Avg bus bandwidth: {result['avg_busbw_gbps']}")
     common.emit(result)
     return 0 if result["ok"] else 1
 
@@ -239,9 +424,10 @@ def worker(args) -> int:
 def launch_local(args, argv: list[str]) -> int:
     """Start ``--nproc`` copies of this script as ranks of one job on this host."""
     n = args.nproc
+    per = args.ranks_per_node or n
     tmp = tempfile.mkdtemp(prefix="gpuproof-ar-")
     env_base = dict(os.environ)
-    env_base.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+    env_base.update(WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(per),
                     GPUPROOF_STORE_FILE=os.path.join(tmp, "store"))
     env_base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env_base.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -249,7 +435,10 @@ def launch_local(args, argv: list[str]) -> int:
     procs = []
     with open(out_path, "wb") as out0:
         for r in range(n):
-            env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r))
+            env = dict(env_base, RANK=str(r), LOCAL_RANK=str(r % per), GROUP_RANK=str(r // per),
+                       GPUPROOF_DEVICE_INDEX=str(r))
+            if per < n:  # simulated nodes on this host
+                env["GPUPROOF_NODE_NAME"] = f"{socket.gethostname()}-node{r // per}"
             procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv], env=env,
                                           stdout=out0 if r == 0 else subprocess.DEVNULL))
         deadline = time.monotonic() + args.timeout
@@ -294,6 +483,7 @@ def build_parser():
         epilog="examples:\n"
                "  python allreduce.py --device cpu --max-bytes 64K\n"
                "  python allreduce.py --nproc 2 --device cpu --sizes 8,1K,4K\n"
+               "  python allreduce.py --nproc 4 --ranks-per-node 1 --device cpu --sizes 64K   # 4 'nodes'\n"
                "  torchrun --nproc-per-node 8 allreduce.py --min-bytes 8 --max-bytes 1G\n",
     )
     common.add_device_arg(p)
@@ -307,6 +497,15 @@ def build_parser():
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the #wrong check")
     p.add_argument("--nproc", type=int, default=1,
                    help="start this many local ranks (default 1; ignored under torchrun)")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="with --nproc: pretend the local ranks form nodes of this many ranks each "
+                        "(default: one node), to try the per-node figures on one host")
+    p.add_argument("--node-bytes", default=None,
+                   help="message size of the per-node figures (default: the largest size, at most 256M)")
+    p.add_argument("--straggler-pct", type=float, default=DEFAULT_STRAGGLER_PCT,
+                   help="a node below this %% of the median node bandwidth is a straggler (default 80)")
+    p.add_argument("--no-per-node", dest="per_node", action="store_false",
+                   help="skip the per-node (intra-node, node-pair) figures of a multi-node job")
     p.add_argument("--timeout", type=float, default=1800.0,
                    help="with --nproc: seconds before the ranks are stopped (default 1800)")
     nvml_sampler.add_args(p)
@@ -318,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.nproc < 1:
         return common.fail_usage("--iters and --nproc must be >= 1, --warmup >= 0")
+    if args.ranks_per_node is not None and (args.ranks_per_node < 1 or args.nproc % args.ranks_per_node):
+        return common.fail_usage("--ranks-per-node must be >= 1 and divide --nproc")
+    if not 0 < args.straggler_pct <= 100:
+        return common.fail_usage("--straggler-pct must be within (0, 100]")
     try:
         _sizes(args)
     except ValueError as exc:

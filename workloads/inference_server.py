@@ -1,22 +1,30 @@
-"""HTTP inference server around a small torch MLP, with dynamic batching.
+"""LLM-shaped inference server: a decoder-only transformer (``llm_model.py``) behind an
+OpenAI-compatible HTTP API, with a KV cache and continuous batching.
 
-Endpoints:
+Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
 
-- ``GET  /healthz``  200 once the model is loaded and warmed up, 503 before (readiness);
-- ``GET  /info``     the model's shape and the batching settings (JSON);
-- ``GET  /stats``    counters so far (JSON);
-- ``POST /infer``    body ``{"inputs": [[x0, ..., x_{in-1}], ...]}`` (one or more rows),
-  answer ``{"outputs": [[y0, ...], ...]}``.
+- ``POST /v1/completions``: ``{"model", "prompt": "text" | [token ids], "max_tokens",
+  "stream", "ignore_eos", "min_tokens", "stream_options": {"include_usage": true}}``.
+  Streamed: Server-Sent Events over chunked HTTP/1.1, one ``data: {...}`` chunk per
+  token, a last chunk with ``finish_reason`` (and ``usage``), then ``data: [DONE]``. Not
+  streamed: one ``text_completion`` object with ``usage``. Prompts are split into one
+  token per word (the model's weights are random; what matters is the work).
+  Both forms carry a non-standard ``gpuproof`` object with the server's own timing of
+  the request (queue, model and handler CPU milliseconds).
+- ``GET /v1/models``: the one model, with its ``max_model_len``.
+- ``GET /health`` and ``GET /healthz``: 200 once the model is loaded and warmed up, 503 before.
+- ``GET /metrics``: JSON counters for the client's capacity search: process CPU seconds,
+  the engine's forward (model) and busy seconds, summed per-request handler CPU, queue
+  and model time, tokens, and the NVML samples' GPU utilization so far. A client takes
+  two readings and divides the differences (see ``loadgen.py``).
 
-Requests are queued; one batching thread takes up to ``--max-batch`` rows, waiting at most
-``--max-wait-ms`` after the first one for more, runs one forward pass and answers all of
-them. A full queue answers 503 at once (load shedding) rather than letting latency grow
-without bound.
+The model's size comes from ``--model`` (a preset; ``auto`` = sized from the GPU's
+memory, ``cpu`` on the CPU) or ``--layers/--hidden/--heads/--vocab``; the KV cache has
+``--max-batch`` slots of ``--max-seq`` tokens (fewer slots when the GPU's memory does
+not hold them).
 
-Stops on SIGTERM / SIGINT (or after ``--max-seconds``) and then prints one JSON object:
-requests, batches, batch sizes, server-side latency percentiles and GPU utilization.
-The bound port is written to ``--port-file`` as soon as the socket listens (``--port 0``
-picks a free one).
+Stops on SIGTERM / SIGINT (or after ``--max-seconds``) and prints one JSON summary. The
+bound port is written to ``--port-file`` once the socket listens (``--port 0`` = a free port).
 """
 
 from __future__ import annotations
@@ -29,122 +37,15 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import llm_model
 import nvml_sampler
 import workload_common as common
 
-HEALTH_PATH = "/healthz"
-INFER_PATH = "/infer"
+HEALTH_PATHS = ("/health", "/healthz")
 MAX_BODY = 8 * 2**20
-MAX_LATENCIES = 1_000_000  # server-side latencies kept for percentiles (bounded memory)
-
-
-def build_model(in_features: int, hidden: int, layers: int, out_features: int, device: str, seed: int = 0):
-    import torch
-
-    torch.manual_seed(seed)
-    mods: list = []
-    width = in_features
-    for _ in range(layers):
-        mods += [torch.nn.Linear(width, hidden), torch.nn.GELU()]
-        width = hidden
-    mods.append(torch.nn.Linear(width, out_features))
-    return torch.nn.Sequential(*mods).to(device).eval()
-
-
-class _Pending:
-    __slots__ = ("rows", "event", "outputs", "error", "t_enqueued")
-
-    def __init__(self, rows):
-        self.rows = rows
-        self.event = threading.Event()
-        self.outputs = None
-        self.error = None
-        self.t_enqueued = time.perf_counter()
-
-
-class Batcher:
-    """Collects queued requests into batches and runs the model on them in one thread."""
-
-    def __init__(self, model, device: str, in_features: int, max_batch: int, max_wait_s: float, max_queue: int):
-        self.model = model
-        self.device = device
-        self.in_features = in_features
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_s
-        self.queue: queue.Queue[_Pending] = queue.Queue(maxsize=max_queue)
-        self.stop_event = threading.Event()
-        self.lock = threading.Lock()
-        self.batches = 0
-        self.rows = 0
-        self.batch_hist: dict[int, int] = {}
-        self.latencies: list[float] = []
-        self.input_dtype = None  # the weights' dtype (torch.float32 unless --dtype says otherwise)
-        self.thread = threading.Thread(target=self._run, name="batcher", daemon=True)
-
-    def start(self) -> "Batcher":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(timeout=10)
-
-    def submit(self, rows) -> _Pending:
-        p = _Pending(rows)
-        self.queue.put_nowait(p)  # queue.Full -> the handler answers 503
-        return p
-
-    def forward(self, rows: list[list[float]]):
-        import torch
-
-        with torch.inference_mode():
-            x = torch.tensor(rows, dtype=self.input_dtype or torch.float32).to(self.device, non_blocking=True)
-            return self.model(x).float().cpu().tolist()
-
-    def _take_batch(self) -> list[_Pending]:
-        try:
-            first = self.queue.get(timeout=0.1)
-        except queue.Empty:
-            return []
-        batch, n = [first], len(first.rows)
-        deadline = time.perf_counter() + self.max_wait_s
-        while n < self.max_batch:
-            remaining = deadline - time.perf_counter()
-            try:
-                p = self.queue.get(timeout=remaining) if remaining > 0 else self.queue.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(p)
-            n += len(p.rows)
-        return batch
-
-    def _run(self) -> None:
-        while not self.stop_event.is_set():
-            batch = self._take_batch()
-            if not batch:
-                continue
-            rows = [r for p in batch for r in p.rows]
-            try:
-                outs = self.forward(rows)
-            except Exception as exc:  # answer every waiting request with the error
-                for p in batch:
-                    p.error = f"{type(exc).__name__}: {exc}"
-                    p.event.set()
-                continue
-            i = 0
-            now = time.perf_counter()
-            with self.lock:
-                self.batches += 1
-                self.rows += len(rows)
-                self.batch_hist[len(rows)] = self.batch_hist.get(len(rows), 0) + 1
-                if len(self.latencies) < MAX_LATENCIES:
-                    self.latencies.extend(now - p.t_enqueued for p in batch)
-            for p in batch:
-                p.outputs = outs[i:i + len(p.rows)]
-                i += len(p.rows)
-                p.event.set()
 
 
 class Server(ThreadingHTTPServer):
@@ -152,23 +53,61 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True  # TIME_WAIT only; a port somebody listens on still fails
     request_queue_size = 1024
 
-    def __init__(self, addr, info: dict, request_timeout: float):
-        self.batcher: Batcher | None = None  # set once the model is loaded
-        self.info = info
+    def __init__(self, addr, request_timeout: float):
+        self.engine: llm_model.Engine | None = None  # set once the model is loaded
+        self.info: dict = {}
+        self.model_name = "gpuproof-llm"
         self.request_timeout = request_timeout
         self.ready = threading.Event()
-        self.counts = {"requests": 0, "ok": 0, "errors": 0, "rejected": 0}
-        self.counts_lock = threading.Lock()
+        self.sampler = None
+        self.t0 = time.monotonic()
+        self.cpu_budget = 1.0
+        self.lock = threading.Lock()
+        self.counts = {"requests": 0, "ok": 0, "errors": 0, "rejected": 0, "prompt_tokens": 0,
+                       "completion_tokens": 0, "handler_cpu_s": 0.0, "queue_s": 0.0, "model_s": 0.0,
+                       "server_s": 0.0}
         super().__init__(addr, Handler)
 
-    def count(self, key: str) -> None:
-        with self.counts_lock:
-            self.counts[key] += 1
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away is not worth a traceback; anything else is."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+    def add(self, **kw) -> None:
+        with self.lock:
+            for k, v in kw.items():
+                self.counts[k] += v
+
+
+def gpu_util_so_far(sampler) -> dict:
+    """Sum and count of the NVML GPU-utilization samples taken so far (for /metrics deltas)."""
+    rows = list(getattr(sampler, "samples", None) or [])
+    vals = [r["gpu_util_pct"] for r in rows if r.get("gpu_util_pct") is not None]
+    return {"available": bool(getattr(sampler, "available", False)), "util_pct_sum": float(sum(vals)),
+            "n": len(vals)}
+
+
+def metrics(srv: Server) -> dict:
+    with srv.lock:
+        counts = dict(srv.counts)
+    eng = srv.engine
+    waiting, running = eng.depth() if eng else (0, 0)
+    return {
+        "server": "gpuproof",
+        "wall_s": time.monotonic() - srv.t0,
+        "process_cpu_s": time.process_time(),
+        "cpu_budget_cores": srv.cpu_budget,
+        **counts,
+        "waiting": waiting,
+        "running": running,
+        "engine": eng.snapshot() if eng else {},
+        "gpu": gpu_util_so_far(srv.sampler),
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: one connection carries many requests
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms delayed-ACK stall
+    protocol_version = "HTTP/1.1"  # keep-alive; streamed answers use chunked transfer encoding
+    disable_nagle_algorithm = True
     server: Server
 
     def log_message(self, fmt, *args):  # one line per request would swamp stderr
@@ -182,107 +121,224 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):
-        if self.path == HEALTH_PATH:
-            if self.server.ready.is_set():
-                self._send(200, {"status": "ok"})
-            else:
-                self._send(503, {"status": "loading"})
-        elif self.path == "/info":
-            self._send(200, self.server.info)
-        elif self.path == "/stats":
-            self._send(200, stats(self.server))
-        else:
-            self._send(404, {"error": f"no such path {self.path}"})
+    def _error(self, code: int, message: str, key: str = "errors") -> None:
+        self.server.add(**{key: 1})
+        self._send(code, {"error": {"message": message, "type": "invalid_request_error" if code < 500
+                                    else "server_error", "code": code}})
 
-    def do_POST(self):
-        if self.path != INFER_PATH:
-            self._send(404, {"error": f"no such path {self.path}"})
-            return
+    def do_GET(self):
         srv = self.server
-        srv.count("requests")
+        path = self.path.split("?")[0]
+        if path in HEALTH_PATHS:
+            self._send(200, {"status": "ok"}) if srv.ready.is_set() else self._send(503, {"status": "loading"})
+        elif path == "/v1/models":
+            if not srv.ready.is_set():
+                self._send(503, {"error": {"message": "the model is loading", "code": 503}})
+                return
+            self._send(200, {"object": "list", "data": [{
+                "id": srv.model_name, "object": "model", "created": int(time.time()), "owned_by": "gpuproof",
+                "max_model_len": srv.info.get("max_seq")}]})
+        elif path == "/metrics":
+            self._send(200, metrics(srv))
+        elif path == "/info":
+            self._send(200, srv.info)
+        else:
+            self._send(404, {"error": {"message": f"no such path {self.path}", "code": 404}})
+
+    def _parse(self) -> tuple[dict, list[int]]:
         length = int(self.headers.get("Content-Length") or 0)
         if length <= 0 or length > MAX_BODY:
-            srv.count("errors")
-            self._send(400 if length <= 0 else 413, {"error": "body must be 1 byte to 8 MiB of JSON"})
+            raise ValueError("the body must be 1 byte to 8 MiB of JSON")
+        body = json.loads(self.rfile.read(length))
+        if not isinstance(body, dict):
+            raise ValueError("the body must be a JSON object")
+        vocab = self.server.info["vocab"]
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            tokens = llm_model.tokenize(prompt, vocab)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and 0 <= t < vocab for t in prompt):
+            tokens = list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids below {vocab}")
+        if not tokens:
+            raise ValueError("the prompt is empty")
+        max_tokens = body.get("max_tokens", 16)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError("max_tokens must be an integer >= 1")
+        if len(tokens) + max_tokens > self.server.info["max_seq"]:
+            raise ValueError(f"prompt ({len(tokens)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+                             f"context of {self.server.info['max_seq']} tokens")
+        return body, tokens
+
+    def do_POST(self):
+        srv = self.server
+        path = self.path.split("?")[0]
+        if path != "/v1/completions":
+            self._send(404, {"error": {"message": f"no such path {self.path}", "code": 404}})
             return
+        cpu0, t0 = time.thread_time(), time.perf_counter()
+        srv.add(requests=1)
         try:
-            rows = json.loads(self.rfile.read(length))["inputs"]
-            width = srv.info["in_features"]
-            if not rows or any(len(r) != width for r in rows):
-                raise ValueError(f"every input row needs {width} numbers")
-        except (ValueError, KeyError, TypeError) as exc:
-            srv.count("errors")
-            self._send(400, {"error": f"bad request: {exc}"})
+            body, tokens = self._parse()
+        except (ValueError, TypeError) as exc:
+            self._error(400, f"bad request: {exc}")
             return
         if not srv.ready.is_set():
-            srv.count("rejected")
-            self._send(503, {"error": "model is not ready"})
+            self._error(503, "the model is not ready", "rejected")
             return
+        req = llm_model.Request(tokens, body.get("max_tokens", 16), int(body.get("min_tokens") or 0),
+                                bool(body.get("ignore_eos")))
         try:
-            pending = srv.batcher.submit(rows)
+            srv.engine.submit(req)
         except queue.Full:
-            srv.count("rejected")
-            self._send(503, {"error": "queue full"})
+            self._error(503, "queue full", "rejected")
             return
-        if not pending.event.wait(srv.request_timeout):
-            srv.count("errors")
-            self._send(504, {"error": f"no answer within {srv.request_timeout}s"})
-            return
-        if pending.error:
-            srv.count("errors")
-            self._send(500, {"error": pending.error})
-            return
-        srv.count("ok")
-        self._send(200, {"outputs": pending.outputs})
+        rid = f"cmpl-{uuid.uuid4().hex[:16]}"
+        created = int(time.time())
+        if body.get("stream"):
+            ok = self._stream(req, rid, created, body)
+        else:
+            ok = self._whole(req, rid, created)
+        srv.add(ok=1 if ok else 0, errors=0 if ok else 1, prompt_tokens=len(tokens),
+                completion_tokens=req.generated, handler_cpu_s=time.thread_time() - cpu0,
+                queue_s=((req.t_admit or t0) - req.t_submit), model_s=req.model_s,
+                server_s=time.perf_counter() - t0)
+
+    def _tokens(self, req):
+        """The request's tokens as the engine makes them, several at a time when they queue up."""
+        while True:
+            try:
+                tok = req.out.get(timeout=self.server.request_timeout)
+            except queue.Empty:
+                req.error = req.error or f"no token within {self.server.request_timeout}s"
+                return
+            batch = [tok]
+            while tok is not None:
+                try:
+                    tok = req.out.get_nowait()
+                except queue.Empty:
+                    break
+                batch.append(tok)
+            done = batch[-1] is None
+            toks = [t for t in batch if t is not None]
+            if toks:
+                yield toks
+            if done:
+                return
+
+    def _timing(self, req) -> dict:
+        return {"queue_ms": ((req.t_admit or req.t_submit) - req.t_submit) * 1e3, "model_ms": req.model_s * 1e3}
+
+    def _whole(self, req, rid, created) -> bool:
+        text = "".join(llm_model.detokenize(t) for toks in self._tokens(req) for t in toks)
+        if req.error:
+            self._send(500, {"error": {"message": req.error, "type": "server_error", "code": 500}})
+            return False
+        n_prompt = len(req.prompt)
+        self._send(200, {"id": rid, "object": "text_completion", "created": created, "model": self.server.model_name,
+                         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish}],
+                         "usage": {"prompt_tokens": n_prompt, "completion_tokens": req.generated,
+                                   "total_tokens": n_prompt + req.generated},
+                         "gpuproof": self._timing(req)})
+        return True
+
+    def _chunk(self, payloads: list) -> None:
+        data = b"".join(b"data: " + (p if isinstance(p, bytes) else json.dumps(p, separators=(",", ":")).encode())
+                        + b"\n\n" for p in payloads)
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def _stream(self, req, rid, created, body) -> bool:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        model = self.server.model_name
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        # a token's event is the same bytes but for its text: build the rest once per request
+        pre = json.dumps(head, separators=(",", ":"))[:-1].encode() + b',"choices":[{"index":0,"text":'
+        post = b',"logprobs":null,"finish_reason":null}]}'
+        try:
+            for toks in self._tokens(req):
+                self._chunk([pre + json.dumps(llm_model.detokenize(t)).encode() + post for t in toks])
+            last: list = []
+            if req.error:
+                last.append({**head, "error": {"message": req.error, "code": 500}})
+            else:
+                n_prompt = len(req.prompt)
+                usage = {"prompt_tokens": n_prompt, "completion_tokens": req.generated,
+                         "total_tokens": n_prompt + req.generated}
+                final = {**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                              "finish_reason": req.finish}], "gpuproof": self._timing(req)}
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    last += [final, {**head, "choices": [], "usage": usage}]
+                else:
+                    last.append(final)
+            last.append(b"[DONE]")
+            self._chunk(last)
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            return False
+        return req.error is None
 
 
-def stats(srv: Server) -> dict:
-    b = srv.batcher
-    lat, hist, batches, rows = [], {}, 0, 0
-    if b is not None:
-        with b.lock:
-            lat = list(b.latencies)
-            hist = dict(b.batch_hist)
-            batches, rows = b.batches, b.rows
-    with srv.counts_lock:
-        counts = dict(srv.counts)
-    return {
-        **counts,
-        "batches": batches,
-        "rows": rows,
-        "mean_batch_size": rows / batches if batches else None,
-        "batch_size_hist": {str(k): v for k, v in sorted(hist.items())},
-        "queue_depth": b.queue.qsize() if b is not None else 0,
-        "server_latency_ms": {f"p{q}": (common.percentile(lat, q) or 0) * 1e3 if lat else None
-                              for q in (50, 90, 95, 99)},
-    }
+def resolve_size(args, device: str) -> tuple[str, int, int, int, int]:
+    preset = llm_model.auto_preset(device) if args.model == "auto" else args.model
+    layers, hidden, heads, vocab = llm_model.PRESETS[preset]
+    return (preset if not any((args.layers, args.hidden, args.heads, args.vocab)) else f"{preset}+custom",
+            args.layers or layers, args.hidden or hidden, args.heads or heads, args.vocab or vocab)
+
+
+def kv_slots(args, device: str, layers: int, hidden: int, dtype_bytes: int, weight_bytes: int) -> int:
+    """Cache slots: --max-batch, fewer if the GPU's free memory (after the weights) cannot hold them."""
+    if not device.startswith("cuda"):
+        return args.max_batch
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    budget = (free - weight_bytes) * args.kv_mem_fraction
+    per_slot = llm_model.LLM.kv_bytes_per_token(layers, hidden, dtype_bytes) * args.max_seq
+    return max(1, min(args.max_batch, int(budget // per_slot)))
 
 
 def build_parser():
     p = common.parser(
         "inference_server.py",
-        "HTTP inference server (torch MLP) with dynamic batching; prints a JSON summary when stopped.",
+        "OpenAI-compatible LLM server (decoder-only transformer, random weights, KV cache, continuous "
+        "batching, streamed tokens); prints a JSON summary when stopped.",
         epilog="examples:\n"
-               "  python inference_server.py --port 8000                 # 127.0.0.1:8000\n"
-               "  python inference_server.py --host 0.0.0.0 --port 8000  # in a pod\n"
-               "  python inference_server.py --port 0 --port-file /tmp/port --device cpu\n",
+               "  python inference_server.py --port 8000                    # 127.0.0.1:8000, sized from the GPU\n"
+               "  python inference_server.py --host 0.0.0.0 --port 8000     # in a pod\n"
+               "  python inference_server.py --device cpu --port 0 --port-file /tmp/port\n"
+               "  curl -N 127.0.0.1:8000/v1/completions -d '{\"prompt\": \"hi there\", \"max_tokens\": 8, "
+               "\"stream\": true}'\n",
     )
     common.add_device_arg(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port)")
     p.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    p.add_argument("--in-features", type=int, default=256, help="model input width (default 256)")
-    p.add_argument("--hidden", type=int, default=1024, help="hidden width (default 1024)")
-    p.add_argument("--layers", type=int, default=2, help="hidden layers (default 2)")
-    p.add_argument("--out-features", type=int, default=16, help="model output width (default 16)")
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
-                   help="model weights dtype (default fp32; fp16/bf16 on GPUs)")
-    p.add_argument("--max-batch", type=int, default=32, help="rows per forward pass at most (default 32)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="how long the first request of a batch waits for company (default 2 ms)")
-    p.add_argument("--max-queue", type=int, default=4096, help="queued requests before 503 (default 4096)")
-    p.add_argument("--request-timeout", type=float, default=30.0, help="seconds before a queued request gets 504")
+    p.add_argument("--model", choices=("auto", *llm_model.PRESETS), default="auto",
+                   help="model size preset (default auto: from the GPU's memory; 'cpu' on the CPU)")
+    p.add_argument("--model-name", default="gpuproof-llm", help="the model id /v1/models reports")
+    p.add_argument("--layers", type=int, default=0, help="override the preset's layers")
+    p.add_argument("--hidden", type=int, default=0, help="override the preset's hidden width")
+    p.add_argument("--heads", type=int, default=0, help="override the preset's attention heads")
+    p.add_argument("--vocab", type=int, default=0, help="override the preset's vocabulary size")
+    p.add_argument("--max-seq", type=int, default=0,
+                   help="context length: prompt + output tokens (default 2048 on a GPU, 512 on the CPU)")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="sequences decoded together at most = KV-cache slots (default 64 on a GPU, 16 on the CPU)")
+    p.add_argument("--max-prefill-tokens", type=int, default=8192,
+                   help="prompt tokens admitted per scheduler step at most (default 8192)")
+    p.add_argument("--kv-mem-fraction", type=float, default=0.7,
+                   help="share of the GPU's free memory (after the weights) the KV cache may use (default 0.7)")
+    p.add_argument("--max-queue", type=int, default=4096, help="waiting requests before 503 (default 4096)")
+    p.add_argument("--request-timeout", type=float, default=120.0,
+                   help="seconds a request may wait for its next token before it fails (default 120)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     p.add_argument("--max-seconds", type=float, default=0.0, help="stop by itself after this long (0 = never)")
     nvml_sampler.add_args(p)
     return p
@@ -290,26 +346,23 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_batch < 1 or args.max_wait_ms < 0 or not 0 <= args.port <= 65535:
-        return common.fail_usage("--max-batch >= 1, --max-wait-ms >= 0 and 0 <= --port <= 65535 please")
-    info = {
-        "dtype": args.dtype, "in_features": args.in_features, "hidden": args.hidden, "layers": args.layers,
-        "out_features": args.out_features, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-    }
+    if args.max_batch < 0 or args.max_seq < 0 or args.max_seq == 1 or not 0 <= args.port <= 65535:
+        return common.fail_usage("--max-batch >= 1, --max-seq >= 2 and 0 <= --port <= 65535 please")
     # bind first: a port in use fails at once, before the model is loaded
     try:
-        server = Server((args.host, args.port), info, args.request_timeout)
+        server = Server((args.host, args.port), args.request_timeout)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             return common.fail_usage(f"port {args.port} on {args.host} is already in use; "
                                      "pick another with --port (0 = any free port)")
         return common.fail_usage(f"cannot listen on {args.host}:{args.port}: {exc}")
+    server.model_name = args.model_name
     port = server.server_address[1]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     serve = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    serve.start()  # /healthz answers 503 until the model is ready
+    serve.start()  # /health answers 503 until the model is ready
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as fh:
             fh.write(str(port))
@@ -319,32 +372,65 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = common.setup_device(args)
-    model = build_model(args.in_features, args.hidden, args.layers, args.out_features, device)
-    if args.dtype != "fp32":
-        model = model.to({"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype])
-    info.update(device=device, device_name=common.device_name(device))
-    batcher = Batcher(model, device, args.in_features, args.max_batch, args.max_wait_ms / 1e3, args.max_queue)
-    batcher.input_dtype = next(model.parameters()).dtype
-    server.batcher = batcher
+    preset, layers, hidden, heads, vocab = resolve_size(args, device)
+    args.max_seq = args.max_seq or (2048 if device == "cuda" else 512)
+    args.max_batch = args.max_batch or (64 if device == "cuda" else 16)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dtype_bytes = 2 if device == "cuda" else 4
+    weight_bytes = llm_model.param_count(layers, hidden, vocab, args.max_seq) * dtype_bytes
+    slots = kv_slots(args, device, layers, hidden, dtype_bytes, weight_bytes)
+    try:
+        model = llm_model.LLM(layers, hidden, heads, vocab, args.max_seq, slots, device=device, dtype=dtype,
+                              seed=args.seed)
+    except (ValueError, RuntimeError) as exc:
+        server.server_close()
+        return common.fail_usage(f"cannot build the model ({preset}: {layers} layers, hidden {hidden}): {exc}")
+    engine = llm_model.Engine(model, args.max_prefill_tokens, args.max_queue)
+    server.engine = engine
+    server.info = {"model": args.model_name, "preset": preset, "layers": layers, "hidden": hidden, "heads": heads,
+                   "vocab": vocab, "max_seq": args.max_seq, "max_batch": slots, "params": model.n_params,
+                   "dtype": str(dtype).replace("torch.", ""), "device": device,
+                   "device_name": common.device_name(device), "threads": torch.get_num_threads()}
+    # the server's CPU is saturated at one core on a GPU (one Python process, one GIL), at
+    # torch's thread count on the CPU (the model's compute runs there)
+    server.cpu_budget = float(torch.get_num_threads()) if device == "cpu" else 1.0
     sampler = nvml_sampler.make_sampler(args.sample_hz, torch_device=device).start()
+    server.sampler = sampler
+    common.log(f"model {preset}: {layers} layers, hidden {hidden}, {heads} heads, vocab {vocab}, "
+               f"{model.n_params / 1e6:.1f}M parameters, {slots} KV slots of {args.max_seq} tokens on {device}")
     t_start = time.time()
     with sampler.phase("warmup"):
-        for n in sorted({1, args.max_batch}):
-            batcher.forward([[0.5] * args.in_features] * n)
+        warm = [llm_model.Request([1] * 8, 4, ignore_eos=True) for _ in range(min(slots, 4))]
+        engine.start()
+        for r in warm:
+            engine.submit(r)
+        for r in warm:
+            while r.out.get(timeout=600) is not None:
+                pass
         common.sync(device)
-    batcher.start()
+    engine_warm = engine.snapshot()
     server.ready.set()
-    common.log(f"ready on {device}: GET {HEALTH_PATH} answers 200")
+    common.log(f"ready on {device}: GET /health answers 200, POST /v1/completions")
     with sampler.phase("serve"):
         stop.wait(args.max_seconds if args.max_seconds > 0 else None)
     common.log("stopping")
     server.shutdown()
     server.server_close()
-    batcher.stop()
+    engine.stop()
     summary = nvml_sampler.finish(sampler, args)
     result = common.base_result("inference_server")
-    result.update(info, port=port, uptime_s=time.time() - t_start, torch=torch.__version__,
-                  stats=stats(server), utilization=summary, ok=True)
+    m = metrics(server)
+    eng = m["engine"]
+    served = {k: eng.get(k, 0) - engine_warm.get(k, 0) for k in ("forward_s", "busy_s", "steps")}
+    ok = m["ok"] or 1
+    result.update(server.info, port=port, uptime_s=time.time() - t_start, torch=torch.__version__,
+                  stats={k: m[k] for k in ("requests", "ok", "errors", "rejected", "prompt_tokens",
+                                           "completion_tokens")},
+                  engine=eng,
+                  per_request_ms={"handler_cpu": m["handler_cpu_s"] / ok * 1e3, "queue": m["queue_s"] / ok * 1e3,
+                                  "model": m["model_s"] / ok * 1e3,
+                                  "scheduler": (served["busy_s"] - served["forward_s"]) / ok * 1e3},
+                  process_cpu_s=m["process_cpu_s"], utilization=summary, ok=True)
     common.emit(result)
     return 0
 

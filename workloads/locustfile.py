@@ -1,17 +1,17 @@
-"""locust user and load shape for the inference server (driven by loadgen.py).
+"""locust user for OpenAI-compatible completion servers (driven by loadgen.py).
 
-Also usable with locust's own command line and web UI::
+Open-loop arrivals on a schedule: a step offers ``rate`` requests/s for ``step_s``
+seconds as ``round(rate * step_s)`` tickets due at ``t0 + i / rate``. A pool of
+users takes the tickets in order; a user that takes a ticket early sleeps until it is
+due, sends the request and reads the streamed answer. Each send's lateness against its
+due time (schedule lag) is kept: a send is late when every user was still busy (too few
+users, or a user pausing ``think_s`` after each answer) or the client's event loop was
+too busy to wake up in time. loadgen reports both the offered and the achieved rate.
 
-    GPUPROOF_RATES=10,50,100 GPUPROOF_STEP_S=10 locust -f locustfile.py --host http://127.0.0.1:8000
-
-The shape steps through target request rates (requests/s), each for ``step_s`` seconds.
-locust drives users, not rates, so each step runs ``ceil(rate / user_rps)`` users and
-every user paces itself to ``users / rate`` seconds between request starts. A user
-waits for its answer before the next request (closed loop): when latency exceeds the
-pace the achieved rate falls below the target, which loadgen reports.
-
-Every request's latency is timed here with ``time.perf_counter`` and kept exactly
-(locust's own statistics round response times into buckets).
+Per request, timed here with ``time.perf_counter``: time to first token (TTFT), the
+gaps between streamed chunks (inter-token latency), end-to-end latency and the output
+token count (``usage.completion_tokens`` when the server sends it, else the chunks
+with text); time per output token TPOT = (e2e - TTFT) / (tokens - 1).
 """
 
 from __future__ import annotations
@@ -19,100 +19,174 @@ from __future__ import annotations
 import locust  # first: it monkey-patches the standard library for gevent
 
 import json
-import math
 import os
 import random
 import time
 
-from locust import FastHttpUser, LoadTestShape, task
+import gevent
+from gevent.event import Event
+from locust import FastHttpUser, task
+
+WORDS = ("the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+         "word but not what all were we when your can said there use an each which she do how their if will up "
+         "other about out many then them these so some her would make like him into time has look two more write "
+         "go see number no way could people my than first water been call who oil its now find long down day did "
+         "get come made may part").split()
+
+
+def make_prompts(n: int, words: int, seed: int) -> list[str]:
+    """``n`` distinct prompts of exactly ``words`` common English words (about one token each)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
 
 
 class Plan:
-    """What to run and what happened; one per process, shared by users and shape."""
+    """What to send and what happened; one per process, shared by the users and loadgen."""
 
     def __init__(self):
-        self.rates = [float(r) for r in os.environ.get("GPUPROOF_RATES", "10").split(",") if r]
-        self.step_s = float(os.environ.get("GPUPROOF_STEP_S", "10"))
-        self.user_rps = float(os.environ.get("GPUPROOF_USER_RPS", "20"))
-        self.max_users = int(os.environ.get("GPUPROOF_MAX_USERS", "1000"))
-        self.unthrottled_users = int(os.environ.get("GPUPROOF_USERS", "32"))
-        self.path = os.environ.get("GPUPROOF_PATH", "/infer")
-        self.method = os.environ.get("GPUPROOF_METHOD", "POST")
-        self.bodies: list[bytes] = [json.dumps({"inputs": [[0.1] * 256]}).encode()]
-        self.t0: float | None = None
-        self.inflight = 0  # requests sent and not answered yet
-        # (start offset s, latency s, ok, step index, status code)
-        self.records: list[tuple[float, float, bool, int, int]] = []
+        self.path = "/v1/completions"
+        self.model = os.environ.get("GPUPROOF_MODEL", "")
+        self.max_tokens = int(os.environ.get("GPUPROOF_MAX_TOKENS", "32"))
+        self.ignore_eos = True
+        self.think_s = 0.0
+        self.timeout_s = 600.0
+        self.prompts = make_prompts(64, int(os.environ.get("GPUPROOF_INPUT_TOKENS", "64")), 0)
+        self.step = -1
+        self.due: list[float] = []          # due times of the current step's tickets
+        self.next_ticket = 0
+        self.ticket_ready = Event()
+        self.inflight = 0
+        # one dict per request (see InferenceUser.complete)
+        self.records: list[dict] = []
+        self.done: dict[int, int] = {}      # step -> requests finished (answered or failed)
+        self._n = 0
 
-    def users_for(self, rate: float) -> int:
-        """Users for one step; rate 0 means as fast as possible with a fixed user count."""
-        if rate <= 0:
-            return self.unthrottled_users
-        return max(1, min(self.max_users, math.ceil(rate / self.user_rps)))
+    def begin_step(self, step: int, rate: float, step_s: float, lead_s: float = 0.05) -> float:
+        """Schedule the step's tickets; returns its start time (perf_counter)."""
+        t0 = time.perf_counter() + lead_s
+        n = max(1, round(rate * step_s))
+        self.step, self.due, self.next_ticket = step, [t0 + i / rate for i in range(n)], 0
+        self.ticket_ready.set()
+        return t0
 
-    def step_at(self, now: float) -> int:
-        if self.t0 is None:
-            self.t0 = now
-        return int((now - self.t0) // self.step_s)
+    def end_step(self) -> None:
+        self.due, self.next_ticket = [], 0
+        self.ticket_ready.clear()
 
-    def rate_at(self, step: int) -> float | None:
-        return self.rates[step] if 0 <= step < len(self.rates) else None
+    def take(self):
+        """The next ticket (step, index, due, taken-at) or None when the step has none left."""
+        if self.next_ticket >= len(self.due):
+            self.ticket_ready.clear()
+            return None
+        i = self.next_ticket
+        self.next_ticket += 1
+        return self.step, i, self.due[i], time.perf_counter()
 
-    @property
-    def duration_s(self) -> float:
-        return self.step_s * len(self.rates)
+    def body(self) -> bytes:
+        self._n += 1
+        b = {"prompt": self.prompts[self._n % len(self.prompts)], "max_tokens": self.max_tokens,
+             "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
+        if self.model:
+            b["model"] = self.model
+        if self.ignore_eos:
+            b["ignore_eos"] = True
+            b["min_tokens"] = self.max_tokens
+        return json.dumps(b).encode()
 
 
 PLAN = Plan()
 
 
-class StepRateShape(LoadTestShape):
-    """One step per target rate, ``PLAN.step_s`` seconds each, then stop."""
+class _WholeBody:
+    def __init__(self, resp):
+        self.lines = (resp.content or b"").splitlines(keepends=True)
 
-    def tick(self):
-        rate = PLAN.rate_at(PLAN.step_at(time.perf_counter()))
-        if rate is None:
-            return None
-        users = PLAN.users_for(rate)
-        return users, float(max(users, min(100, users * 10)))  # a step's users within ~0.1-1 s
+    def readline(self, sep=b"\n"):
+        return self.lines.pop(0) if self.lines else b""
 
 
 class InferenceUser(FastHttpUser):
-    """Posts one inference request per task and records its exact latency."""
+    """Takes tickets from the plan, sends one streamed completion per ticket."""
 
-    def on_start(self):
-        self._last_start = None
+    network_timeout = 600.0
+    connection_timeout = 30.0
 
     def wait_time(self) -> float:
-        now = time.perf_counter()
-        rate = PLAN.rate_at(PLAN.step_at(now))
-        if rate is None:  # past the last step: idle until loadgen stops the users
-            return 0.1
-        if rate == 0:  # unthrottled
-            return 0.0
-        running = max(1, self.environment.runner.user_count if self.environment.runner else 1)
-        pace = running / rate
-        if self._last_start is None:  # spread the first requests of the users over one pace
-            return random.uniform(0, pace)
-        return max(0.0, pace - (now - self._last_start))
+        return 0.0
 
     @task
-    def infer(self):
-        t0 = time.perf_counter()
-        self._last_start = t0
-        step = PLAN.step_at(t0)
-        if PLAN.rate_at(step) is None:  # past the last step: nothing more to send
+    def complete(self):
+        ticket = PLAN.take()
+        if ticket is None:
+            PLAN.ticket_ready.wait(timeout=0.2)  # idle until loadgen schedules the next step
             return
-        body = random.choice(PLAN.bodies) if PLAN.method == "POST" else None
+        step, index, due, taken = ticket
+        delay = due - time.perf_counter()
+        if delay > 0:
+            gevent.sleep(delay)
+        body = PLAN.body()
+        t0 = time.perf_counter()
+        rec = {"step": step, "i": index, "lag_s": t0 - due, "starved": taken > due + 0.001, "sent": t0,
+               "ok": False, "code": 0, "ttft_s": None, "e2e_s": None, "tokens": 0, "itl_s": [], "error": None}
         PLAN.inflight += 1
         try:
-            resp = self.client.request(PLAN.method, PLAN.path, data=body,
-                                       headers={"Content-Type": "application/json"})
+            self._send(body, rec, t0)
+        except Exception as exc:  # connection errors, malformed streams: a failed request, not a crash
+            rec["error"] = rec["error"] or f"{type(exc).__name__}: {exc}"
         finally:
             PLAN.inflight -= 1
-        latency = time.perf_counter() - t0
-        code = resp.status_code or 0
-        PLAN.records.append((t0 - PLAN.t0, latency, 200 <= code < 300, step, code))
+            PLAN.records.append(rec)
+            PLAN.done[step] = PLAN.done.get(step, 0) + 1
+        if PLAN.think_s > 0:
+            gevent.sleep(PLAN.think_s)
+
+    def _send(self, body: bytes, rec: dict, t0: float) -> None:
+        resp = self.client.request("POST", PLAN.path, data=body, stream=True,
+                                   headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        rec["code"] = code = resp.status_code or 0
+        if not 200 <= code < 300:
+            rec["error"] = f"HTTP {code}"
+            try:
+                resp.content  # read and drop the error body so the connection can be reused
+            except Exception:
+                pass
+            return
+        # geventhttpclient's response: readline returns as soon as a line is there (an older locust
+        # without it: the whole body at once, so TTFT then equals the end-to-end latency)
+        raw = getattr(resp, "_response", None) or _WholeBody(resp)
+        last = None
+        chunks = 0
+        usage_tokens = None
+        while True:
+            line = raw.readline(b"\n")
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":  # read on to the end of the body, so the connection can be reused
+                continue
+            now = time.perf_counter()
+            msg = json.loads(data)
+            if msg.get("error"):
+                rec["error"] = str(msg["error"])[:200]
+            usage = msg.get("usage")
+            if usage and usage.get("completion_tokens") is not None:
+                usage_tokens = usage["completion_tokens"]
+            choices = msg.get("choices") or []
+            if choices and choices[0].get("text"):
+                chunks += 1
+                if last is None:
+                    rec["ttft_s"] = now - t0
+                else:
+                    rec["itl_s"].append(now - last)
+                last = now
+            if msg.get("gpuproof"):
+                rec["server"] = msg["gpuproof"]
+        rec["e2e_s"] = time.perf_counter() - t0
+        rec["tokens"] = usage_tokens if usage_tokens is not None else chunks
+        rec["ok"] = rec["error"] is None and rec["ttft_s"] is not None
 
 
-__all__ = ["PLAN", "Plan", "StepRateShape", "InferenceUser", "locust"]
+__all__ = ["PLAN", "Plan", "InferenceUser", "make_prompts", "locust"]

@@ -12,7 +12,11 @@ For each dtype (fp32, tf32, bf16, fp16; fp8 on compute capability >= 8.9) and si
 4. check correctness once per dtype at ``--check-size`` against a float64 reference
    computed on the CPU from the same (already rounded) inputs;
 5. on a GPU, compare with the datasheet dense peak of the product (table below) and
-   report the SM clock and clock-event (throttle) reasons NVML saw during the run.
+   report the SM clock and clock-event (throttle) reasons NVML saw during the run;
+6. with NVML clocks, also the efficiency at the clock it ran (``ratio_to_peak_at_clock``):
+   TFLOPS / (peak x mean SM clock / max SM clock). A GPU at its power cap shows a low
+   ratio to peak but a high ratio at its clock; a slow kernel shows both low. Absent on
+   the CPU and without NVML (``ratio_to_peak_at_clock_note`` says why).
 
 Prints one JSON object on stdout. Exit 0 when every correctness check passed.
 """
@@ -38,6 +42,19 @@ PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "T4":        {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0, "fp8": None},
     "V100 SXM2": {"fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0, "fp8": None},
     "V100 PCIe": {"fp32": 14.0, "tf32": None, "bf16": None, "fp16": 112.0, "fp8": None},
+}
+
+# Datasheet memory (HBM / GDDR) bandwidth in TB/s (1e12 bytes/s), keyed by hbm_key(). Used by hbm.py.
+PEAK_HBM_TBPS: dict[str, float] = {
+    "H100 SXM": 3.35,
+    "H100 PCIe": 2.0,
+    "H200": 4.8,
+    "B200": 8.0,
+    "A100 80GB": 2.04,
+    "A100 40GB": 1.56,
+    "L40S": 0.864,
+    "L4": 0.30,
+    "T4": 0.32,
 }
 
 # Relative Frobenius-norm error allowed against the float64 reference at --check-size.
@@ -71,6 +88,42 @@ def peak_key(name: str) -> str | None:
     if "V100" in n and "V100S" not in n:
         return "V100 PCIe" if "PCIE" in n else "V100 SXM2"
     return None
+
+
+def hbm_key(name: str) -> str | None:
+    """Map a CUDA device name or GFD product label to a PEAK_HBM_TBPS key.
+
+    Like :func:`peak_key`, plus B200, and A100 split by memory size (80GB / 40GB; an
+    A100 name without a size -> None). NVL variants and unknown products -> None.
+    """
+    n = " " + re.sub(r"[-_]+", " ", name.upper()) + " "
+    n = re.sub(r" (MIG|SHARED) .*$", " ", n)
+    if " NVL " in n:
+        return None
+    if re.search(r"\bB200\b", n):
+        return "B200"
+    if "A100" in n:
+        return "A100 80GB" if "80GB" in n else "A100 40GB" if "40GB" in n else None
+    key = peak_key(name)
+    return key if key in PEAK_HBM_TBPS else None
+
+
+def peak_hbm_tbps(name: str) -> float | None:
+    key = hbm_key(name)
+    return PEAK_HBM_TBPS[key] if key else None
+
+
+def efficiency_at_clock(tflops_value: float | None, peak: float | None, sm_clock_mean: float | None,
+                        sm_clock_max: float | None) -> float | None:
+    """TFLOPS against the peak scaled to the clock the GPU ran at.
+
+    efficiency = tflops / (peak * mean SM clock / max SM clock). None when any input is
+    unknown (on the CPU, or without NVML clocks). A GPU held at its power cap at 1500 of
+    1980 MHz that reaches 680 of 989 TFLOPS is at 0.69 of peak but 0.91 of its clock's peak.
+    """
+    if not tflops_value or not peak or not sm_clock_mean or not sm_clock_max:
+        return None
+    return tflops_value / (peak * sm_clock_mean / sm_clock_max)
 
 
 def peak_tflops(name: str, dtype: str) -> float | None:
@@ -246,18 +299,42 @@ def bench_one(dtype: str, m: int, n: int, k: int, device: str, args, sampler) ->
     return row
 
 
-def _attach_clocks(rows: list[dict], summary: dict) -> None:
-    """Copy SM clock and clock-event reasons seen in each row's phase onto the row."""
+def max_sm_clock(summary: dict) -> float | None:
+    """The first sampled GPU's maximum SM clock (MHz) from a sampler summary, if known."""
+    for d in summary.get("devices") or []:
+        if d.get("max_sm_clock_mhz"):
+            return float(d["max_sm_clock_mhz"])
+    return None
+
+
+def attach_clocks(rows: list[dict], summary: dict, phase_of) -> None:
+    """Copy SM clock, clock-event reasons and power seen in each row's phase onto the row.
+
+    ``phase_of(row)`` names the sampler phase of a row. Used by matmul and hbm.
+    """
     phases = summary.get("phases", {})
+    max_clock = max_sm_clock(summary)
     for row in rows:
-        gpus = phases.get(f"matmul:{row['dtype']}:{row['m']}x{row['n']}x{row['k']}", {}).get("gpus", {})
+        gpus = phases.get(phase_of(row), {}).get("gpus", {})
         stats = next(iter(gpus.values()), None)
         clock = (stats or {}).get("sm_clock_mhz") or {}
         row["sm_clock_mhz_mean"] = clock.get("mean")
+        row["sm_clock_mhz_max"] = max_clock
         row["clock_event_reasons"] = (stats or {}).get("clock_event_reasons")
         row["throttled_fraction"] = (stats or {}).get("throttled_fraction")
         power = (stats or {}).get("power_w") or {}
         row["power_w_mean"] = power.get("mean")
+
+
+def _attach_clocks(rows: list[dict], summary: dict) -> None:
+    attach_clocks(rows, summary, lambda r: f"matmul:{r['dtype']}:{r['m']}x{r['n']}x{r['k']}")
+    for row in rows:
+        row["ratio_to_peak_at_clock"] = efficiency_at_clock(row["tflops"], row.get("peak_tflops"),
+                                                         row.get("sm_clock_mhz_mean"), row.get("sm_clock_mhz_max"))
+        if row["ratio_to_peak_at_clock"] is None:
+            row["ratio_to_peak_at_clock_note"] = (
+                "no datasheet peak for this device" if not row.get("peak_tflops") else
+                "SM clocks unknown: " + (summary.get("reason") or "the sampler saw no clock in this phase"))
 
 
 def build_parser():
@@ -340,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         summary = nvml_sampler.finish(sampler, args)
     _attach_clocks(result["results"], summary)
+    for row in result["results"]:
+        if row["ratio_to_peak_at_clock"] is not None:
+            common.log(f"{row['dtype']} {row['m']}x{row['n']}x{row['k']}: {row['ratio_to_peak_at_clock']:.0%} of peak "
+                       f"at its mean SM clock {row['sm_clock_mhz_mean']:.0f} of {row['sm_clock_mhz_max']:.0f} MHz")
     result["utilization"] = summary
     result["ok"] = all(c["ok"] for c in result["checks"]) and bool(result["results"])
     common.emit(result)

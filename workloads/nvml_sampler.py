@@ -12,9 +12,17 @@ With no GPU, no NVML library or no ``pynvml`` module the sampler records nothing
 not start a thread, and says why in ``summary()["reason"]``; it never raises for that.
 
 Per tick and GPU one sample row: GPU and memory utilization (%), memory used (MiB),
-power (W), energy since the sampler started (J), temperature (C), SM clock (MHz),
-clock-event (throttle) reason bitmask, and corrected/uncorrected ECC error counts since
-the sampler started. Fields a GPU does not support are None (and not asked again).
+power (W, in one batched ``nvmlDeviceGetFieldValues`` call), temperature (C), SM clock
+(MHz) and the clock-event (throttle) reason bitmask. Slow counters (energy, volatile ECC
+totals: one batched field call) are read only at phase boundaries (start, each phase's
+start and end, stop), which gives energy and ECC errors per phase. Fields a GPU does not
+support are None (and not asked again).
+
+What the sampler costs is measured and reported in every summary (``sampler_cost``):
+CPU time of the sampling thread in total and per tick, % of one core per GPU, the CPU
+time of each read, and the phase-boundary reads. Reads that would take a tick over the
+budget (default 1% of one core per GPU at the sampling rate) are moved to the phase
+boundaries after the first ticks, and the summary names them.
 
 Optional: :func:`read_prometheus_range` / :func:`dcgm_phase_summary` read DCGM exporter
 series from a Prometheus URL for the same phases (e.g. ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``,
@@ -79,8 +87,36 @@ def _load_nvml():
     return pynvml, None
 
 
+# Per-tick values in one nvmlDeviceGetFieldValues call (sample field -> NVML field id name).
+TICK_FIELDS = {"power_w": "NVML_FI_DEV_POWER_INSTANT"}
+# Slow counters, read only at phase boundaries (start, phase starts and ends, stop), in one
+# nvmlDeviceGetFieldValues call: energy since the driver loaded (mJ), volatile ECC totals.
+BOUNDARY_FIELDS = {
+    "energy_mj": "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "ecc_corrected": "NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "ecc_uncorrected": "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+}
+DEFAULT_BUDGET_PCT = 1.0   # % of one core per GPU the per-tick reads may cost at the sampling rate
+CALIBRATION_TICKS = 3      # ticks whose read costs decide which reads move to phase boundaries
+
+_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_value(fv) -> Any:
+    """The value of one nvmlFieldValue_t, or None when NVML returned an error for it."""
+    if getattr(fv, "nvmlReturn", 0) != 0:
+        return None
+    return getattr(fv.value, _VALUE_ATTR.get(getattr(fv, "valueType", 3), "ullVal"))
+
+
 class _Device:
-    """One GPU's NVML handle plus the fields it turned out not to support."""
+    """One GPU's NVML handle, its per-tick readers and the fields it turned out not to support.
+
+    A *reader* is one NVML call (or one batched ``nvmlDeviceGetFieldValues`` call) giving
+    one or more sample fields. Per-tick readers run every tick; the CPU time of each is
+    measured (``time.thread_time``), and after the calibration ticks the costliest are
+    moved to the phase-boundary reads until a tick fits the budget.
+    """
 
     def __init__(self, nvml, index: int):
         self.nvml = nvml
@@ -92,11 +128,25 @@ class _Device:
         for attr in ("uuid", "name"):
             if isinstance(getattr(self, attr), bytes):
                 setattr(self, attr, getattr(self, attr).decode())
-        self.energy0 = self._call("energy_j", nvml.nvmlDeviceGetTotalEnergyConsumption)
-        self.ecc0 = self._ecc()
+        max_clock = getattr(nvml, "nvmlDeviceGetMaxClockInfo", None)
+        self.max_sm_clock_mhz = self._call("max_sm_clock_mhz", max_clock, nvml.NVML_CLOCK_SM) if max_clock else None
+        self.tick_readers: dict[str, Any] = {
+            "fields": self._read_tick_fields,
+            "util": self._read_util,
+            "mem": self._read_mem,
+            "temp": self._read_temp,
+            "sm_clock": self._read_clock,
+            "clock_event_reasons": self._read_reasons,
+        }
+        self.boundary_readers: dict[str, Any] = {"counters": self._read_counters}
+        self.demoted: dict[str, float] = {}          # reader -> mean CPU us when it was moved off the tick
+        self.read_cpu_s: dict[str, float] = {}       # reader -> CPU seconds spent in it
+        self.read_calls: dict[str, int] = {}
+        self.counters0 = self._read_counters()       # baseline for the deltas
+        self.last_boundary: dict = dict(self.counters0)
 
     def _call(self, field: str, fn, *args):
-        if field in self.unsupported:
+        if field in self.unsupported or fn is None:
             return None
         try:
             return fn(self.handle, *args)
@@ -104,60 +154,165 @@ class _Device:
             self.unsupported.add(field)
             return None
 
-    def _ecc(self) -> tuple[int | None, int | None]:
+    # -- readers: each returns a dict of sample fields
+    def _fields(self, key: str, wanted: dict[str, str]) -> dict:
+        """One nvmlDeviceGetFieldValues call for ``wanted`` (sample field -> NVML id name)."""
         n = self.nvml
-        return (
-            self._call("ecc_corrected", n.nvmlDeviceGetTotalEccErrors,
-                       n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
-            self._call("ecc_uncorrected", n.nvmlDeviceGetTotalEccErrors,
-                       n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
-        )
+        names = [f for f, ident in wanted.items() if hasattr(n, ident)]
+        values = self._call(key, getattr(n, "nvmlDeviceGetFieldValues", None),
+                            [getattr(n, wanted[f]) for f in names]) if names else None
+        if values is None:
+            return {f: None for f in wanted}
+        out = {f: None for f in wanted}
+        for f, fv in zip(names, values):
+            out[f] = _field_value(fv)
+        return out
+
+    def _read_tick_fields(self) -> dict:
+        got = self._fields("tick_fields", TICK_FIELDS)
+        power = got.get("power_w")
+        if power is None and "tick_fields" in self.unsupported:  # no field API: the plain call
+            power = self._call("power_w", self.nvml.nvmlDeviceGetPowerUsage)
+        return {"power_w": power / 1e3 if power is not None else None}  # mW -> W
+
+    def _read_util(self) -> dict:
+        util = self._call("util", self.nvml.nvmlDeviceGetUtilizationRates)
+        return {"gpu_util_pct": util.gpu if util is not None else None,
+                "mem_util_pct": util.memory if util is not None else None}
+
+    def _read_mem(self) -> dict:
+        mem = self._call("mem", self.nvml.nvmlDeviceGetMemoryInfo)
+        return {"mem_used_mib": mem.used / 2**20 if mem is not None else None,
+                "mem_total_mib": mem.total / 2**20 if mem is not None else None}
+
+    def _read_temp(self) -> dict:
+        return {"temp_c": self._call("temp_c", self.nvml.nvmlDeviceGetTemperature, self.nvml.NVML_TEMPERATURE_GPU)}
+
+    def _read_clock(self) -> dict:
+        return {"sm_clock_mhz": self._call("sm_clock_mhz", self.nvml.nvmlDeviceGetClockInfo, self.nvml.NVML_CLOCK_SM)}
+
+    def _read_reasons(self) -> dict:
+        n = self.nvml
+        fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(n, "nvmlDeviceGetCurrentClocksThrottleReasons", None)  # older nvidia-ml-py
+        return {"clock_event_reasons": self._call("clock_event_reasons", fn)}
+
+    def _read_counters(self) -> dict:
+        """Energy (mJ) and volatile ECC totals in one field call; per-call fallbacks without it."""
+        got = self._fields("boundary_fields", BOUNDARY_FIELDS)
+        if "boundary_fields" in self.unsupported:
+            n = self.nvml
+            got["energy_mj"] = self._call("energy_mj", n.nvmlDeviceGetTotalEnergyConsumption)
+            for field, kind in (("ecc_corrected", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+                                ("ecc_uncorrected", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED")):
+                got[field] = self._call(field, n.nvmlDeviceGetTotalEccErrors, getattr(n, kind, 0),
+                                        getattr(n, "NVML_VOLATILE_ECC", 0))
+        return got
+
+    # -- reading
+    def _timed(self, key: str, fn) -> dict:
+        c0 = time.thread_time()
+        out = fn()
+        self.read_cpu_s[key] = self.read_cpu_s.get(key, 0.0) + time.thread_time() - c0
+        self.read_calls[key] = self.read_calls.get(key, 0) + 1
+        return out
 
     def read(self) -> dict:
-        n = self.nvml
-        util = self._call("util", n.nvmlDeviceGetUtilizationRates)
-        mem = self._call("mem", n.nvmlDeviceGetMemoryInfo)
-        power = self._call("power_w", n.nvmlDeviceGetPowerUsage)
-        energy = self._call("energy_j", n.nvmlDeviceGetTotalEnergyConsumption)
-        reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            n.nvmlDeviceGetCurrentClocksThrottleReasons  # older nvidia-ml-py
-        ecc = self._ecc()
-        return {
-            "gpu": self.index,
-            "uuid": self.uuid,
-            "gpu_util_pct": util.gpu if util is not None else None,
-            "mem_util_pct": util.memory if util is not None else None,
-            "mem_used_mib": mem.used / 2**20 if mem is not None else None,
-            "mem_total_mib": mem.total / 2**20 if mem is not None else None,
-            "power_w": power / 1e3 if power is not None else None,
-            "energy_j": (energy - self.energy0) / 1e3 if energy is not None and self.energy0 is not None else None,
-            "temp_c": self._call("temp_c", n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU),
-            "sm_clock_mhz": self._call("sm_clock_mhz", n.nvmlDeviceGetClockInfo, n.NVML_CLOCK_SM),
-            "clock_event_reasons": self._call("clock_event_reasons", reasons_fn),
-            "ecc_corrected_delta": _delta(ecc[0], self.ecc0[0]),
-            "ecc_uncorrected_delta": _delta(ecc[1], self.ecc0[1]),
-        }
+        """One tick's sample row (the per-tick readers only)."""
+        row: dict[str, Any] = {"gpu": self.index, "uuid": self.uuid}
+        for key, fn in list(self.tick_readers.items()):
+            row.update(self._timed(key, fn))
+        return row
+
+    def read_boundary(self) -> dict:
+        """The slow counters (as deltas since the sampler started) and any demoted readers' fields."""
+        raw: dict[str, Any] = {}
+        for key, fn in list(self.boundary_readers.items()):
+            raw.update(self._timed(key, fn))
+        out = {k: v for k, v in raw.items() if k not in BOUNDARY_FIELDS}
+        energy = raw.get("energy_mj")
+        e0 = self.counters0.get("energy_mj")
+        out["energy_j"] = (energy - e0) / 1e3 if energy is not None and e0 is not None else None
+        out["ecc_corrected_delta"] = _delta(raw.get("ecc_corrected"), self.counters0.get("ecc_corrected"))
+        out["ecc_uncorrected_delta"] = _delta(raw.get("ecc_uncorrected"), self.counters0.get("ecc_uncorrected"))
+        self.last_boundary = out
+        return out
+
+    def read_cost_us(self) -> dict[str, float]:
+        return {k: self.read_cpu_s[k] / self.read_calls[k] * 1e6 for k in self.read_cpu_s if self.read_calls.get(k)}
+
+    def fit_budget(self, budget_s: float) -> dict[str, float]:
+        """Move the costliest per-tick readers to the phase boundaries until a tick fits ``budget_s``."""
+        cost = {k: v for k, v in self.read_cost_us().items() if k in self.tick_readers}
+        total = sum(cost.values())
+        for key in sorted(cost, key=cost.get, reverse=True):
+            if total <= budget_s * 1e6:
+                break
+            self.boundary_readers[key] = self.tick_readers.pop(key)
+            self.demoted[key] = cost[key]
+            total -= cost[key]
+        return dict(self.demoted)
 
 
 def _delta(now, start):
     return now - start if now is not None and start is not None else None
 
 
+def _cost_summary(*, available: bool, reason: str | None, hz: float, ndev: int, thread_cpu_s: float,
+                  ticks: int, tick_cpu_s: float, wall_s: float, boundary_reads: int, boundary_cpu_s: float,
+                  budget_pct: float, read_cpu_us: dict | None = None, demoted: dict | None = None) -> dict:
+    """What the sampler itself cost (CPU), per tick, per GPU and in total; pure function."""
+    pct = thread_cpu_s / wall_s * 100 if wall_s > 0 else None
+    per_gpu = pct / ndev if pct is not None and ndev else None
+    out = {
+        "thread_cpu_s": round(thread_cpu_s, 6),
+        "ticks": ticks,
+        "cpu_us_per_tick": thread_cpu_s / ticks * 1e6 if ticks else None,
+        "read_cpu_us_per_tick": tick_cpu_s / ticks * 1e6 if ticks else None,
+        "wall_s": round(wall_s, 6),
+        "pct_of_core": pct,
+        "pct_of_core_per_gpu": per_gpu,
+        "boundary_reads": boundary_reads,
+        "boundary_cpu_s": round(boundary_cpu_s, 6),
+        "total_cpu_s": round(thread_cpu_s + boundary_cpu_s, 6),
+        "budget_pct_of_core_per_gpu": budget_pct,
+        "within_budget": (per_gpu <= budget_pct) if per_gpu is not None else None,
+        "read_cpu_us": read_cpu_us or {},
+        "moved_to_boundaries": demoted or {},
+    }
+    if not available:
+        out["note"] = f"no sampling, no CPU spent on it: {reason}"
+    return out
+
+
 class Sampler:
     """Samples every visible GPU at ``hz`` in a daemon thread until :meth:`stop`.
 
     ``devices``: NVML indices to sample (default all). ``nvml``: an already initialised
-    NVML module (default: import pynvml and initialise it).
+    NVML module (default: import pynvml and initialise it). ``budget_pct``: % of one core
+    per GPU the per-tick reads may cost (default 1); reads found costlier during the first
+    ticks are moved to the phase boundaries (and the summary says which).
+
+    Per tick: utilization, memory, power (batched field call), temperature, SM clock,
+    clock-event reasons. At phase boundaries only (start, each phase's start and end,
+    stop): energy and ECC counters, in one batched field call.
     """
 
-    def __init__(self, hz: float = DEFAULT_HZ, devices: Iterable[int] | None = None, nvml: Any = None):
+    def __init__(self, hz: float = DEFAULT_HZ, devices: Iterable[int] | None = None, nvml: Any = None,
+                 budget_pct: float = DEFAULT_BUDGET_PCT, calibration_ticks: int = CALIBRATION_TICKS):
         if hz <= 0:
             raise ValueError("hz must be > 0")
         self.hz = float(hz)
         self.interval = 1.0 / self.hz
+        self.budget_pct = float(budget_pct)
+        self.calibration_ticks = int(calibration_ticks)
         self.samples: list[dict] = []
-        self.phases: list[dict] = []          # {"name", "start", "end"} (epoch seconds)
-        self.cpu_seconds = 0.0                # CPU time the sampling thread used
+        self.phases: list[dict] = []          # {"name", "start", "end", "counters_start", "counters_end"}
+        self.cpu_seconds = 0.0                # CPU time the sampling thread used (whole loop)
+        self.tick_cpu_seconds = 0.0           # CPU time inside tick() (the reads and bookkeeping)
+        self.boundary_cpu_seconds = 0.0       # CPU time of the phase-boundary reads (caller's thread)
+        self.boundary_reads = 0
+        self.wall_seconds = 0.0
         self.ticks = 0
         self.missed_ticks = 0
         self._phase = "unphased"
@@ -185,6 +340,7 @@ class Sampler:
     def start(self) -> "Sampler":
         if self.available and self._thread is None:
             self._stop.clear()
+            self.boundary()
             self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
             self._thread.start()
         elif not self.available:
@@ -197,6 +353,7 @@ class Sampler:
             self._stop.set()
             self._thread.join(timeout=5 + 2 * self.interval)
             self._thread = None
+            self.boundary()
         return self
 
     def __enter__(self) -> "Sampler":
@@ -207,6 +364,7 @@ class Sampler:
 
     def _loop(self) -> None:
         cpu0 = time.thread_time()
+        wall0 = time.monotonic()
         next_tick = time.monotonic()
         try:
             while not self._stop.is_set():
@@ -220,9 +378,11 @@ class Sampler:
                 self._stop.wait(next_tick - now)
         finally:
             self.cpu_seconds += time.thread_time() - cpu0
+            self.wall_seconds += time.monotonic() - wall0
 
     def tick(self) -> None:
         """Take one sample of every device (the loop calls this at ``hz``)."""
+        c0 = time.thread_time()
         ts = time.time()
         rows = []
         for dev in self.devices:
@@ -233,17 +393,37 @@ class Sampler:
         with self._lock:
             self.samples.extend(rows)
             self.ticks += 1
+        if self.ticks == self.calibration_ticks:
+            budget_s = self.budget_pct / 100.0 * self.interval
+            for dev in self.devices:
+                moved = dev.fit_budget(budget_s)
+                if moved:
+                    common.log(f"sampler: GPU {dev.index}: reads over the {self.budget_pct:g}% budget at "
+                               f"{self.hz:g} Hz moved to phase boundaries: "
+                               + ", ".join(f"{k} ({v:.0f} us)" for k, v in moved.items()))
+        self.tick_cpu_seconds += time.thread_time() - c0
+
+    def boundary(self) -> dict:
+        """Read the slow counters of every device now (phase boundaries); returns gpu -> values."""
+        if not self.devices:
+            return {}
+        c0 = time.thread_time()
+        out = {str(dev.index): dev.read_boundary() for dev in self.devices}
+        self.boundary_cpu_seconds += time.thread_time() - c0
+        self.boundary_reads += 1
+        return out
 
     # -- phases ----------------------------------------------------------------------
     def _end_phase(self, ts: float) -> None:
         if self.phases and self.phases[-1]["end"] is None:
             self.phases[-1]["end"] = ts
+            self.phases[-1]["counters_end"] = self.boundary()
 
     def set_phase(self, name: str) -> None:
         ts = time.time()
         self._end_phase(ts)
         self._phase = name
-        self.phases.append({"name": name, "start": ts, "end": None})
+        self.phases.append({"name": name, "start": ts, "end": None, "counters_start": self.boundary()})
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -256,6 +436,19 @@ class Sampler:
             self._phase = previous
 
     # -- results ---------------------------------------------------------------------
+    def cost(self) -> dict:
+        read_us: dict[str, float] = {}
+        demoted: dict[str, float] = {}
+        for dev in self.devices:
+            for k, v in dev.read_cost_us().items():
+                read_us[k] = max(read_us.get(k, 0.0), v)
+            demoted.update(dev.demoted)
+        return _cost_summary(available=self.available, reason=self.reason, hz=self.hz, ndev=len(self.devices),
+                             thread_cpu_s=self.cpu_seconds, ticks=self.ticks, tick_cpu_s=self.tick_cpu_seconds,
+                             wall_s=self.wall_seconds, boundary_reads=self.boundary_reads,
+                             boundary_cpu_s=self.boundary_cpu_seconds, budget_pct=self.budget_pct,
+                             read_cpu_us=read_us, demoted=demoted)
+
     def summary(self) -> dict:
         with self._lock:
             samples = list(self.samples)
@@ -264,11 +457,13 @@ class Sampler:
             available=self.available,
             reason=self.reason,
             hz=self.hz,
-            devices=[{"gpu": d.index, "uuid": d.uuid, "name": d.name} for d in self.devices],
+            devices=[{"gpu": d.index, "uuid": d.uuid, "name": d.name, "max_sm_clock_mhz": d.max_sm_clock_mhz}
+                     for d in self.devices],
             n_samples=len(samples),
             ticks=self.ticks,
             missed_ticks=self.missed_ticks,
             sampler_cpu_seconds=round(self.cpu_seconds, 6),
+            sampler_cost=self.cost(),
         )
         return out
 
@@ -296,7 +491,11 @@ class NullSampler:
         return contextlib.nullcontext(self)
 
     def summary(self) -> dict:
-        return {"available": False, "reason": self.reason, "phases": {}, "n_samples": 0}
+        cost = _cost_summary(available=False, reason=self.reason, hz=0.0, ndev=0, thread_cpu_s=0.0, ticks=0,
+                             tick_cpu_s=0.0, wall_s=0.0, boundary_reads=0, boundary_cpu_s=0.0,
+                             budget_pct=DEFAULT_BUDGET_PCT)
+        return {"available": False, "reason": self.reason, "phases": {}, "n_samples": 0,
+                "sampler_cpu_seconds": 0.0, "sampler_cost": cost}
 
 
 def _normal_uuid(u: Any) -> str:
@@ -350,31 +549,60 @@ def finish(sampler, args) -> dict:
     return sampler.summary()
 
 
+_COUNTERS = ("energy_j", "ecc_corrected_delta", "ecc_uncorrected_delta")
+
+
 def summarize(samples: list[dict], phases: list[dict] | None = None) -> dict:
     """Mean and p95 per phase and GPU of each numeric field (pure function of the rows).
 
-    Also per phase and GPU: energy used (J, last minus first reading), ECC errors seen
-    during the phase, the union of clock-event reasons and the share of samples with a
-    non-benign reason (power, thermal or hardware slowdown).
+    Also per phase and GPU: energy used (J) and ECC errors seen during the phase, from
+    the counters read at the phase's start and end (``counters_start`` /
+    ``counters_end`` of the phase, summed over phases of the same name; rows carrying
+    ``energy_j`` etc. are the fallback: last minus first reading), the union of
+    clock-event reasons and the share of samples with a non-benign reason (power,
+    thermal or hardware slowdown). A numeric field no row has (its read was moved to
+    the phase boundaries) is taken from the boundary reads.
     """
     by_phase: dict[str, dict[int, list[dict]]] = {}
     for row in samples:
         by_phase.setdefault(row.get("phase", "unphased"), {}).setdefault(row.get("gpu", 0), []).append(row)
-    durations = {}
+    durations: dict[str, float] = {}
+    counters: dict[str, dict[str, dict[str, float]]] = {}   # phase -> gpu -> counter -> delta
+    edges: dict[str, dict[str, list[dict]]] = {}             # phase -> gpu -> boundary reads
     for p in phases or []:
         if p.get("end") is not None:
             durations[p["name"]] = durations.get(p["name"], 0.0) + p["end"] - p["start"]
+        start, end = p.get("counters_start") or {}, p.get("counters_end") or {}
+        for gpu in set(start) | set(end):
+            edges.setdefault(p["name"], {}).setdefault(str(gpu), []).extend(
+                x for x in (start.get(gpu), end.get(gpu)) if x)
+            if gpu not in start or gpu not in end:
+                continue
+            for field in _COUNTERS:
+                d = _delta(end[gpu].get(field), start[gpu].get(field))
+                if d is not None:
+                    acc = counters.setdefault(p["name"], {}).setdefault(str(gpu), {})
+                    acc[field] = acc.get(field, 0) + d
     result: dict[str, Any] = {"phases": {}}
     for name in sorted(set(by_phase) | set(durations)):
         gpus = {}
-        for gpu, rows in sorted(by_phase.get(name, {}).items()):
+        rows_by_gpu = {str(g): rows for g, rows in by_phase.get(name, {}).items()}
+        for gpu in sorted(set(rows_by_gpu) | set(counters.get(name, {})), key=lambda g: (len(g), g)):
+            rows = rows_by_gpu.get(gpu, [])
             stats: dict[str, Any] = {"n": len(rows)}
             for field in NUMERIC_FIELDS:
                 vals = [r[field] for r in rows if r.get(field) is not None]
+                if not vals:
+                    vals = [e[field] for e in edges.get(name, {}).get(gpu, []) if e.get(field) is not None]
                 stats[field] = {"mean": common.mean(vals), "p95": common.percentile(vals, 95)} if vals else None
-            for field in ("energy_j", "ecc_corrected_delta", "ecc_uncorrected_delta"):
-                vals = [r[field] for r in rows if r.get(field) is not None]
-                stats[field.replace("_delta", "")] = (max(vals) - min(vals)) if vals else None
+            measured = counters.get(name, {}).get(gpu, {})
+            for field in _COUNTERS:
+                if field in measured:
+                    value = measured[field]
+                else:
+                    vals = [r[field] for r in rows if r.get(field) is not None]
+                    value = (max(vals) - min(vals)) if vals else None
+                stats[field.replace("_delta", "")] = value
             masks = [r["clock_event_reasons"] for r in rows if r.get("clock_event_reasons") is not None]
             union = 0
             for m in masks:
@@ -383,7 +611,7 @@ def summarize(samples: list[dict], phases: list[dict] | None = None) -> dict:
             stats["throttled_fraction"] = (
                 sum(1 for m in masks if m & ~BENIGN_REASONS) / len(masks) if masks else None
             )
-            gpus[str(gpu)] = stats
+            gpus[gpu] = stats
         result["phases"][name] = {"duration_s": durations.get(name), "gpus": gpus}
     return result
 

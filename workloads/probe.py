@@ -6,12 +6,19 @@ UUIDs of MIG instances); CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; and ru
 small elementwise + matmul kernel on every visible device (or on the CPU) whose result
 is checked exactly against an integer reference.
 
+Device identity: ``nvml_uuids`` lists what this container can use as NVML names it: the
+``GPU-...`` UUID of each GPU, or the ``MIG-...`` UUIDs of the MIG devices of a GPU in MIG
+mode. Torch's UUIDs lack the prefix; they are normalised to the same form
+(:func:`normalize_uuid`). NVIDIA_VISIBLE_DEVICES is reported but not trusted: it may hold
+an index (``0``) or, with CDI, nothing.
+
 Prints one JSON object on stdout; exit 0 when every check passed.
 """
 
 from __future__ import annotations
 
 import platform
+import re
 import sys
 import time
 
@@ -20,6 +27,45 @@ import workload_common as common
 
 def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+_PREFIXED = re.compile(r"^(GPU|MIG)-(.*)$", re.IGNORECASE)
+
+
+def normalize_uuid(uuid, kind: str = "GPU") -> str:
+    """A device UUID in NVML's form: 'GPU-<hex>' or 'MIG-<hex>' (hex lower-case).
+
+    Torch reports '<hex>' without a prefix; ``kind`` ('GPU' or 'MIG') says which prefix it
+    gets. Prefixed UUIDs keep their kind, including the old 'MIG-GPU-<hex>/<gi>/<ci>'
+    form. '' for no UUID.
+    """
+    s = (uuid.decode() if isinstance(uuid, bytes) else str(uuid or "")).strip()
+    if not s or s.lower() == "none":
+        return ""
+    m = _PREFIXED.match(s)
+    if not m:
+        return f"{kind.upper()}-{s.lower()}"
+    rest = m.group(2)
+    return f"{m.group(1).upper()}-{normalize_uuid(rest) if _PREFIXED.match(rest) else rest.lower()}"
+
+
+def visible_uuids(nvml: dict) -> list[str]:
+    """NVML UUIDs of what the container can run on: each GPU, or a MIG-mode GPU's MIG devices."""
+    out = []
+    for dev in nvml.get("devices") or []:
+        if dev.get("mig_mode"):
+            out += [normalize_uuid(m["uuid"], "MIG") for m in dev.get("mig_devices") or [] if m.get("uuid")]
+        elif dev.get("uuid"):
+            out.append(normalize_uuid(dev["uuid"], "GPU"))
+    return out
+
+
+def normalize_torch_uuids(torch_devices: list[dict], nvml_uuids: list[str]) -> None:
+    """Give torch's bare UUIDs NVML's prefix, in place: 'MIG-' when NVML lists that MIG device, else 'GPU-'."""
+    mig = {u[4:] for u in nvml_uuids if u.startswith("MIG-")}
+    for d in torch_devices:
+        raw = normalize_uuid(d.get("uuid"))          # 'GPU-<hex>' unless torch gave a prefix itself
+        d["uuid"] = normalize_uuid(raw[4:], "MIG" if raw[4:] in mig else raw[:3]) if raw else None
 
 
 def nvml_inventory() -> dict:
@@ -170,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         allocs = [try_alloc(t, args.alloc_mib) for t in targets]
         result["allocs"] = allocs
         result["alloc"] = {"mib": args.alloc_mib, "ok": all(a["ok"] for a in allocs)}
+    result["nvml_uuids"] = visible_uuids(result["nvml"])
+    normalize_torch_uuids(result["torch_devices"], result["nvml_uuids"])
     problems = [f"kernel check on {c['device']}: {c['wrong']} wrong elements"
                 for c in result["kernel_checks"] if not c["ok"]]
     if args.expect_gpus is not None and len(result["torch_devices"]) != args.expect_gpus:

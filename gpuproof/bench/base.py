@@ -214,13 +214,18 @@ class Benchmark:
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
                        timeout: float | None = None) -> dict:
         """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result."""
-        name = pod_name(self.name, product)
+        name = pod_name(self.name, self.pod_key(product, node))
         ensure_configmap(run)
         objs = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name, product=product,
                               node=node, image=image, gpus=gpus, resource=resource)
         with applied(run, objs):
             run.wait_pod_done(name, timeout=timeout or self.timeout_s)
-            return wl.parse_result(run.pod_logs(name), what=f"{self.name} pod {run.namespace}/{name}")
+            return wl.parse_result(run.pod_logs(name), what=f"{self.name} pod {run.namespace}/{name}"
+                                                             + (f" on {node}" if node else ""))
+
+    def pod_key(self, product: str, node: str | None) -> str:
+        """What names the benchmark's pod: one per product (benchmarks that run on every node: per node)."""
+        return product
 
 
 # ------------------------------------------------------------------ cluster helpers

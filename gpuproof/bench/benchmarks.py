@@ -45,6 +45,9 @@ class Probe(Benchmark):
             self.record("cuda_devices", len(result.get("torch_devices") or []), "count", base, node, product),
             self.record("nvml_devices", len((result.get("nvml") or {}).get("devices") or []), "count", base,
                         node, product),
+            # what the pod can use, as NVML UUIDs (GPU-... / MIG-...), never NVIDIA_VISIBLE_DEVICES
+            self.record("nvml_visible_devices", len(result.get("nvml_uuids") or []), "count",
+                        {**base, "uuids": sorted(result.get("nvml_uuids") or [])}, node, product),
             self.record("kernel_check_ok", bool(result.get("ok")), "bool", base, node, product),
         ]
         for d in result.get("torch_devices") or []:
@@ -83,6 +86,10 @@ class Matmul(Benchmark):
                             node, product),
                 self.record("sm_clock_mhz_mean", r.get("sm_clock_mhz_mean"), "MHz", p, node, product),
                 self.record("throttled_fraction", r.get("throttled_fraction"), "ratio", p, node, product),
+                # TFLOPS / (peak x mean SM clock / max SM clock): absent on the CPU (no clocks)
+                self.record("ratio_to_peak_at_clock", r.get("ratio_to_peak_at_clock"), "ratio",
+                            {**p, "peak_tflops": r.get("peak_tflops"), "sm_clock_mhz_max": r.get("sm_clock_mhz_max")},
+                            node, product),
             ]
         for c in result.get("checks") or []:
             recs.append(self.record("check_rel_err", c["rel_err"], "ratio",
@@ -95,20 +102,24 @@ class Matmul(Benchmark):
 class AllReduce(Benchmark):
     name = "allreduce"
     script = "allreduce"
-    description = "all-reduce size sweep: algbw, busbw (nccl-tests definitions), #wrong, average busbw"
+    description = ("all-reduce size sweep: algbw, busbw (nccl-tests definitions), #wrong, average busbw; "
+                   "per-node figures and stragglers across nodes; no bandwidth with one rank")
     defaults = {"min_bytes": "8", "max_bytes": "1G", "sizes": None, "dtype": "float32", "iters": 20, "warmup": 5,
-                "nproc": 1, "sample_hz": 10.0, "threads": None}
+                "nproc": 1, "sample_hz": 10.0, "threads": None, "straggler_pct": None, "node_bytes": None,
+                "ranks_per_node": None}
     cpu_defaults = {"max_bytes": "64M"}
     ci_params = {"sizes": "8,1K,4K", "iters": 5, "warmup": 1, "nproc": 2, "threads": 1}
     flags = {"device": "--device", "min_bytes": "--min-bytes", "max_bytes": "--max-bytes", "sizes": "--sizes",
              "dtype": "--dtype", "iters": "--iters", "warmup": "--warmup", "nproc": "--nproc",
-             "sample_hz": "--sample-hz", "threads": "--threads"}
+             "sample_hz": "--sample-hz", "threads": "--threads", "straggler_pct": "--straggler-pct",
+             "node_bytes": "--node-bytes", "ranks_per_node": "--ranks-per-node"}
     timeout_s = 3600
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
         base = {"device": result.get("device"), "backend": result.get("backend"),
                 "world_size": result.get("world_size"), "nnodes": result.get("nnodes")}
+        extra = self._node_records(result, base, node, product)
         recs = []
         for r in result.get("results") or []:
             p = {**base, "size_bytes": r["size_bytes"], "dtype": r["type"], "redop": r["redop"]}
@@ -123,12 +134,34 @@ class AllReduce(Benchmark):
             self.record("max_busbw_gbps", result.get("max_busbw_gbps"), "GB/s", base, node, product),
             self.record("wrong_total", result.get("wrong_total"), "count", base, node, product),
         ]
-        return _keep(recs) + _utilization(self, result, node, product)
+        return _keep(recs) + extra + _utilization(self, result, node, product)
+
+    def _node_records(self, result: dict, base: dict, node: str, product: str) -> list[MetricRecord]:
+        """No-bandwidth note (one rank), per-node bus bandwidth and stragglers (records carry the node)."""
+        recs = []
+        if result.get("no_bandwidth_reason"):
+            recs.append(self.record("no_bandwidth", True, "bool", {**base, "reason": result["no_bandwidth_reason"]},
+                                    node, product))
+        rows = result.get("nodes") or []
+        if rows:
+            p = {**base, "size_bytes": result.get("per_node_size_bytes"),
+                 "straggler_pct": result.get("straggler_pct")}
+            for r in rows:
+                where = r.get("node") or node
+                recs += [
+                    self.record("node_intra_busbw_gbps", r.get("intra_busbw_gbps"), "GB/s", p, where, product),
+                    self.record("node_inter_busbw_gbps", r.get("inter_busbw_gbps"), "GB/s", p, where, product),
+                    self.record("straggler", bool(r.get("straggler")), "bool",
+                                {**p, "reason": r.get("straggler_reason") or ""}, where, product),
+                ]
+            recs.append(self.record("stragglers", len(result.get("stragglers") or []), "count",
+                                    {**p, "names": ",".join(result.get("stragglers") or [])}, node, product))
+        return _keep(recs)
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
                   node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
                   resource: str = wl.GPU_RESOURCE) -> list[dict]:
-        args = self.workload_args({**params, "nproc": None})  # torchrun starts the ranks in a pod
+        args = self.workload_args({**params, "nproc": None, "ranks_per_node": None})  # torchrun starts the ranks
         return [wl.workload_pod(name, self.script, args, labels=labels, namespace=namespace, image=image,
                                 gpus=gpus, resource=resource, product=product, node=node, torchrun=True)]
 
@@ -137,7 +170,7 @@ class AllReduce(Benchmark):
         """Indexed Job over ``nnodes`` nodes of ``product``; the result is in the index-0 pod's log."""
         name = pod_name("ar-multi", product)
         ensure_configmap(run)
-        args = self.workload_args({**params, "nproc": None})
+        args = self.workload_args({**params, "nproc": None, "ranks_per_node": None})
         objs = wl.allreduce_multinode(name, nnodes, gpus_per_node, args, labels=run.labels,
                                       namespace=run.namespace, image=image, product=product)
         index_annotation = "batch.kubernetes.io/job-completion-index"
@@ -159,18 +192,25 @@ class AllReduce(Benchmark):
 class Inference(Benchmark):
     name = "inference"
     script = "inference_server"
-    description = "HTTP inference server with dynamic batching under stepped locust load: p50-p99, goodput, SLO"
-    defaults = {"rates": "50,100,200,400", "step_s": 15.0, "slo_p99_ms": 50.0, "max_error_rate": 0.0,
-                "max_batch": 32, "max_wait_ms": 2.0, "hidden": 1024, "layers": 2, "sample_hz": 10.0,
-                "threads": None}
-    cpu_defaults = {"rates": "10,20,40", "step_s": 5.0, "slo_p99_ms": 200.0}
-    ci_params = {"rates": "10,20", "step_s": 2.0, "slo_p99_ms": 1000.0, "hidden": 256, "threads": 1}
-    server_flags = {"device": "--device", "max_batch": "--max-batch", "max_wait_ms": "--max-wait-ms",
-                    "hidden": "--hidden", "layers": "--layers", "sample_hz": "--sample-hz", "threads": "--threads"}
-    load_flags = {"rates": "--rates", "step_s": "--step-s", "slo_p99_ms": "--slo-p99-ms",
-                  "max_error_rate": "--max-error-rate", "max_requests": "--max-requests"}
-    timeout_s = 1800
-    ready_timeout_s = 300.0
+    description = ("LLM serving (OpenAI-compatible, streamed): TTFT, TPOT, output tokens/s, goodput and a capacity "
+                   "search that says what bound it (device, server, client, offered-range)")
+    defaults = {"rates": "1:1024", "step_s": 15.0, "drain_s": 60.0, "input_tokens": 512, "output_tokens": 128,
+                "slo_ttft_ms": 1000.0, "slo_tpot_ms": 100.0, "slo_attainment": 0.95, "max_error_rate": 0.0,
+                "users": 512, "bisect_steps": 3, "size": "auto", "max_batch": None, "sample_hz": 10.0,
+                "threads": None, "url": None, "model": None}
+    cpu_defaults = {"rates": "1:256", "step_s": 4.0, "drain_s": 30.0, "input_tokens": 64, "output_tokens": 32,
+                    "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2}
+    ci_params = {"rates": "1:2", "step_s": 2.0, "input_tokens": 16, "output_tokens": 8, "slo_ttft_ms": 5000.0,
+                 "slo_tpot_ms": 1000.0, "slo_attainment": 0.5, "users": 8, "size": "tiny", "threads": 1}
+    server_flags = {"device": "--device", "size": "--model", "max_batch": "--max-batch", "sample_hz": "--sample-hz",
+                    "threads": "--threads"}
+    load_flags = {"rates": "--rates", "step_s": "--step-s", "drain_s": "--drain-s", "input_tokens": "--input-tokens",
+                  "output_tokens": "--output-tokens", "slo_ttft_ms": "--slo-ttft-ms", "slo_tpot_ms": "--slo-tpot-ms",
+                  "slo_attainment": "--slo-attainment", "max_error_rate": "--max-error-rate", "users": "--users",
+                  "think_ms": "--think-ms", "bisect_steps": "--bisect-steps", "ramp_factor": "--ramp-factor",
+                  "max_steps": "--max-steps", "max_requests": "--max-requests", "model": "--model"}
+    timeout_s = 3600
+    ready_timeout_s = 600.0
 
     def workload_args(self, params: dict) -> list[str]:
         from .base import flag_args
@@ -183,7 +223,12 @@ class Inference(Benchmark):
         return flag_args(params, self.load_flags)
 
     def run_local(self, params: dict, echo: bool = False) -> dict:
-        """Server and load generator as two local processes on 127.0.0.1 (a free port)."""
+        """Server and load generator as two local processes on 127.0.0.1 (a free port); with
+        ``params["url"]`` only the load generator, against that endpoint."""
+        load_args = self.load_args(params) + ["--wait-ready", str(self.ready_timeout_s)]
+        if params.get("url"):
+            with WorkloadProcess("loadgen", ["--url", params["url"], *load_args], echo=echo) as load:
+                return self.combine(load.wait(self.timeout_s), None, [])
         with tempfile.TemporaryDirectory(prefix="gpuproof-inference-") as tmp:
             port_file = os.path.join(tmp, "port")
             samples_file = os.path.join(tmp, "samples.jsonl")
@@ -198,7 +243,6 @@ class Inference(Benchmark):
 
                 p = int(wait_until(port, 120, "the inference server to bind its port"))
                 url = f"http://127.0.0.1:{p}"
-                load_args = self.load_args(params) + ["--wait-ready", str(self.ready_timeout_s)]
                 with WorkloadProcess("loadgen", ["--url", url, *load_args], echo=echo) as load:
                     load_result = load.wait(self.timeout_s)
                 server.terminate()
@@ -209,48 +253,96 @@ class Inference(Benchmark):
     def combine(self, load: dict, server: dict | None, samples: list[dict]) -> dict:
         result = {"workload": "inference", "load": load, "server": server, "samples": samples,
                   "device": (server or {}).get("device"), "device_name": (server or {}).get("device_name"),
-                  "ok": bool(load.get("ok")), "verdict": load.get("verdict")}
+                  "endpoint": load.get("url"), "ok": bool(load.get("ok")), "verdict": load.get("verdict")}
         if load.get("error"):
             result["error"] = f"load generator: {load['error']}"
-        # utilization per load step, from the server's samples and the load steps' times
-        t0, step = load.get("started_epoch"), load.get("step_s")
-        if samples and t0 and step:
-            phases = []
+        # utilization per load step, from the server's samples and the steps' wall times
+        t0 = load.get("started_epoch")
+        if samples and t0:
+            phases, start = [], t0
             for s in load.get("steps") or []:
-                start = t0 + s["step"] * step
-                phases.append({"name": f"step{s['step']}", "start": start, "end": start + step})
+                phases.append({"name": f"step{s['step']}", "start": start, "end": start + s["wall_s"]})
+                start += s["wall_s"]
             relabelled = []
             for row in samples:
                 ph = next((ph["name"] for ph in phases if ph["start"] <= row["ts"] < ph["end"]), "idle")
                 relabelled.append({**row, "phase": ph})
             summary = metrics.summarize(relabelled, phases)
             summary.update(available=True, reason=None)
+            server_util = (server or {}).get("utilization") or {}
+            for key in ("sampler_cost", "sampler_cpu_seconds", "hz", "devices", "ticks", "missed_ticks"):
+                if key in server_util:
+                    summary[key] = server_util[key]
             result["utilization"] = summary
         else:
-            result["utilization"] = (server or {}).get("utilization")
+            result["utilization"] = (server or {}).get("utilization") or {
+                "available": False, "reason": "a server gpuproof did not start: its GPU is not sampled here"}
         return result
+
+    def params(self, overrides: dict | None = None, device: str = "auto") -> dict:
+        """As for every benchmark, except that against ``url`` (the user's server, most likely on a
+        GPU) the GPU defaults apply whatever this host has."""
+        if (overrides or {}).get("url"):
+            device = "cuda" if device == "cpu" else device
+        return super().params(overrides, device)
+
+    STEP_METRICS = {
+        "ttft_p50_ms": "ms", "ttft_p90_ms": "ms", "ttft_p99_ms": "ms",
+        "tpot_p50_ms": "ms", "tpot_p90_ms": "ms", "tpot_p99_ms": "ms", "itl_p50_ms": "ms", "itl_p99_ms": "ms",
+        "output_tokens_per_s": "tokens/s", "goodput_rps": "req/s", "slo_attainment": "ratio",
+        "error_rate": "ratio", "requests": "count", "slo_met": "bool", "client_cpu": "ratio",
+        "schedule_lag_p95_ms": "ms",
+    }
+    SERVER_METRICS = {"engine_busy": ("server_busy", "ratio"), "overhead_ms": ("server_overhead_ms", "ms"),
+                      "model_ms": ("model_ms_per_request", "ms"),
+                      "overhead_fraction": ("server_overhead_fraction", "ratio"),
+                      "gpu_util_pct": ("gpu_util_pct", "%")}
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
         load = result.get("load") or {}
         server = result.get("server") or {}
-        base = {"device": result.get("device"), "slo_p99_ms": load.get("slo_p99_ms"),
-                "max_batch": server.get("max_batch"), "step_s": load.get("step_s")}
+        base = {"device": result.get("device"), "endpoint": "builtin" if server else load.get("url"),
+                "model": load.get("model"), "input_tokens": load.get("input_tokens"),
+                "output_tokens": load.get("output_tokens"), "slo_ttft_ms": load.get("slo_ttft_ms"),
+                "slo_tpot_ms": load.get("slo_tpot_ms"), "step_s": load.get("step_s"),
+                "params": server.get("params"), "max_batch": server.get("max_batch")}
         recs = []
-        units = {"p50_ms": "ms", "p90_ms": "ms", "p95_ms": "ms", "p99_ms": "ms", "max_ms": "ms",
-                 "achieved_rps": "req/s", "throughput_rps": "req/s", "goodput_rps": "req/s",
-                 "error_rate": "ratio", "requests": "count", "slo_met": "bool"}
-        for row in (load.get("steps") or []) + [dict(load.get("overall") or {}, step="overall")]:
-            p = {**base, "step": row.get("step"), "target_rps": row.get("target_rps")}
-            for metric, unit in units.items():
+        for row in load.get("steps") or []:
+            p = {**base, "step": row.get("step"), "target_rps": row.get("offered_rps")}
+            # end-to-end latency under the names the report layer plots (p50_ms ... as latency)
+            for q in (50, 90, 99):
+                recs.append(self.record(f"p{q}_ms", row.get(f"e2e_p{q}_ms"), "ms", p, node, product))
+            recs.append(self.record("throughput_rps", row.get("achieved_rps"), "req/s", p, node, product))
+            for metric, unit in self.STEP_METRICS.items():
                 recs.append(self.record(metric, row.get(metric), unit, p, node, product))
+            for key, (metric, unit) in self.SERVER_METRICS.items():
+                recs.append(self.record(metric, (row.get("server") or {}).get(key), unit, p, node, product))
+        cap = load.get("at_capacity") or {}
+        bound = {**base, "bound_by": load.get("bound_by")}
         recs += [
-            self.record("max_rate_meeting_slo", load.get("max_rate_meeting_slo"), "req/s", base, node, product),
-            self.record("slo_verdict_pass", load.get("verdict") == "pass", "bool", base, node, product),
-            self.record("loadgen_rps_per_core", load.get("rps_per_core"), "req/s/core", base, node, product),
-            self.record("mean_batch_size", (server.get("stats") or {}).get("mean_batch_size"), "rows", base,
-                        node, product),
+            self.record("capacity_rps", load.get("capacity_rps"), "req/s", bound, node, product),
+            self.record("bound_by", 1.0 if load.get("bound_by") else None, "flag", bound, node, product),
+            self.record("max_passing_rps", load.get("max_passing_rps"), "req/s", bound, node, product),
         ]
+        if load.get("capacity_rps") is not None and cap:
+            srv = cap.get("server") or {}
+            for metric in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "output_tokens_per_s",
+                           "goodput_rps"):
+                recs.append(self.record(f"capacity_{metric}", cap.get(metric), self.STEP_METRICS[metric], bound,
+                                        node, product))
+            for key, (metric, unit) in self.SERVER_METRICS.items():
+                recs.append(self.record(f"capacity_{metric}", srv.get(key), unit, bound, node, product))
+        if server.get("per_request_ms"):
+            pr = server["per_request_ms"]
+            overhead = pr["handler_cpu"] + pr["scheduler"]
+            recs += [
+                self.record("run_server_overhead_ms", overhead, "ms", base, node, product),
+                self.record("run_model_ms_per_request", pr["model"], "ms", base, node, product),
+                self.record("run_server_overhead_fraction",
+                            overhead / (overhead + pr["model"]) if overhead + pr["model"] > 0 else None, "ratio",
+                            base, node, product),
+            ]
         return _keep(recs) + _utilization(self, result, node, product)
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
@@ -266,9 +358,17 @@ class Inference(Benchmark):
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
                        timeout: float | None = None, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> dict:
-        """Deployment + Service on the GPU node; once Ready, the load generator pod in the cluster."""
+        """Deployment + Service on the GPU node; once Ready, the load generator pod in the cluster.
+        With ``params["url"]`` (the user's endpoint) only the load generator pod runs."""
         name = pod_name("infer", product)
         ensure_configmap(run)
+        if params.get("url"):  # the user's own endpoint: only the load generator, in the cluster
+            load = wl.loadgen_pod(f"{name}-load", params["url"], self.load_args(params), labels=run.labels,
+                                  namespace=run.namespace, image=loadgen_image)
+            with applied(run, [load]):
+                run.wait_pod_done(load["metadata"]["name"], timeout=timeout or self.timeout_s)
+                load_result = wl.parse_result(run.pod_logs(load["metadata"]["name"]), what="the load generator")
+            return self.combine(load_result, None, [])
         deployment, service, load = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name,
                                                    product=product, node=node, image=image, gpus=gpus,
                                                    resource=resource, loadgen_image=loadgen_image)

@@ -9,7 +9,11 @@ import time
 
 from ..errors import GpuproofError
 
-CHOICES = ("probe", "matmul", "allreduce", "inference", "all")
+def _choices() -> tuple[str, ...]:
+    """Every registered benchmark, and 'all' (the registry is the one list of them)."""
+    from . import names
+
+    return (*names(), "all")
 
 DESCRIPTION = """\
 Run gpuproof's benchmarks on this host, on its GPU (default when torch sees one) or on
@@ -27,14 +31,16 @@ benchmarks:
   probe       torch/CUDA/driver versions, visible GPUs (NVML, MIG UUIDs), a checked kernel
   matmul      TFLOPS per dtype (fp32, tf32, bf16, fp16, fp8) and size, ratio to datasheet peak
   allreduce   all-reduce sweep (8 B to 1 GiB): algbw, busbw, #wrong as nccl-tests defines them
-  inference   inference server + stepped locust load on 127.0.0.1: p50-p99, goodput, p99 SLO verdict
+  inference   LLM serving under locust load (built-in OpenAI-compatible server on 127.0.0.1, or --url):
+              TTFT, TPOT, output tokens/s, goodput, capacity and what bound it
   all         all of the above
 
 examples:
   gpuproof bench --local matmul
   gpuproof bench --local matmul --dtypes bf16,fp8 --sizes 4096,8192
   gpuproof bench --local allreduce --nproc 8 --max-bytes 1G
-  gpuproof bench --local inference --rates 100,200,400 --slo-p99-ms 50
+  gpuproof bench --local inference --slo-ttft-ms 500 --slo-tpot-ms 50
+  gpuproof bench --local inference --url http://127.0.0.1:8000 --model my-model   # your own endpoint
   gpuproof bench --local all --device cpu
 """
 
@@ -42,7 +48,8 @@ examples:
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks on this host (GPU or CPU) and write a run folder",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("benchmark", choices=CHOICES, metavar="{" + ",".join(CHOICES) + "}", help="what to run")
+    choices = _choices()
+    p.add_argument("benchmark", choices=choices, metavar="{" + ",".join(choices) + "}", help="what to run")
     p.add_argument("--local", action="store_true",
                    help="run on this host (required: cluster benchmarks run through `gpuproof run --only-bench`)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -57,9 +64,18 @@ def register(sub) -> None:
     p.add_argument("--min-bytes", default=None, help="allreduce: smallest message (default 8)")
     p.add_argument("--max-bytes", default=None, help="allreduce: largest message (default 1G; 64M on the CPU)")
     p.add_argument("--nproc", type=int, default=None, help="allreduce: local ranks (default 1; GPUs: one per GPU)")
-    p.add_argument("--rates", default=None, help="inference: target request rates per step, e.g. 50,100,200")
-    p.add_argument("--step-s", type=float, default=None, help="inference: seconds per load step")
-    p.add_argument("--slo-p99-ms", type=float, default=None, help="inference: p99 latency SLO in ms")
+    p.add_argument("--rates", default=None,
+                   help="inference: LO:HI searches for the capacity (default 1:1024; CPU 1:256), a,b,c runs those")
+    p.add_argument("--step-s", type=float, default=None, help="inference: seconds of sending per load step")
+    p.add_argument("--url", default=None,
+                   help="inference: drive this OpenAI-compatible endpoint (vLLM, TGI, SGLang, NIM, ...) instead of "
+                        "the built-in server")
+    p.add_argument("--model", default=None, help="inference: model name to send (default: the first of /v1/models)")
+    p.add_argument("--input-tokens", type=int, default=None, help="inference: prompt length (default 512; CPU 64)")
+    p.add_argument("--output-tokens", type=int, default=None, help="inference: max_tokens (default 128; CPU 32)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference: time-to-first-token SLO in ms")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="inference: time-per-output-token SLO in ms")
+    p.add_argument("--users", type=int, default=None, help="inference: locust users (default 512; CPU 64)")
     p.add_argument("--sample-hz", type=float, default=None, help="NVML sampling rate (default 10; 0 = off)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads torch may use in the workloads")
     p.add_argument("--prometheus", default=None,
@@ -81,7 +97,9 @@ def _params(name: str, args) -> dict:
         return {**common, "sizes": args.allreduce_sizes or sizes, "min_bytes": args.min_bytes,
                 "max_bytes": args.max_bytes, "iters": args.iters, "nproc": args.nproc}
     if name == "inference":
-        return {**common, "rates": args.rates, "step_s": args.step_s, "slo_p99_ms": args.slo_p99_ms}
+        return {**common, "rates": args.rates, "step_s": args.step_s, "url": args.url, "model": args.model,
+                "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
+                "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms, "users": args.users}
     return {"threads": args.threads}
 
 
@@ -102,14 +120,30 @@ def _headline(name: str, result: dict) -> str:
                          + (f" ({r['ratio_to_peak']:.0%} of peak)" if r.get("ratio_to_peak") else "")
                          for r in result.get("results") or [])
     if name == "allreduce":
+        if result.get("no_bandwidth_reason"):
+            return f"world size {result.get('world_size')}: no bandwidth ({result['no_bandwidth_reason']})"
         return (f"world size {result.get('world_size')}, avg busbw {result.get('avg_busbw_gbps') or 0:.3g} GB/s, "
                 f"#wrong {result.get('wrong_total')}")
+    if name == "hbm":
+        return "; ".join(f"{r['kernel']} {r['gbps']:.4g} GB/s"
+                         + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")
+                         for r in result.get("results") or [])
+    if name == "health":
+        counts = result.get("summary") or {}
+        return ", ".join(f"{counts.get(v, 0)} {v}" for v in ("pass", "warn", "fail", "unavailable")) + " items"
     if name == "inference":
         load = result.get("load") or {}
-        o = load.get("overall") or {}
-        return (f"verdict {load.get('verdict')} (p99 SLO {load.get('slo_p99_ms')} ms), overall p99 "
-                f"{o.get('p99_ms') or 0:.1f} ms, {o.get('throughput_rps') or 0:.1f} req/s, "
-                f"max rate meeting SLO {load.get('max_rate_meeting_slo')}")
+        cap = load.get("at_capacity") or {}
+        srv = cap.get("server") or {}
+        head = (f"capacity {load.get('capacity_rps')} req/s, bound by {load.get('bound_by')} "
+                f"({load.get('bound_reason')})")
+        if load.get("capacity_rps") is not None:
+            head += (f"; at capacity TTFT p99 {cap.get('ttft_p99_ms') or 0:.0f} ms, TPOT p99 "
+                     f"{cap.get('tpot_p99_ms') or 0:.1f} ms, {cap.get('output_tokens_per_s') or 0:.0f} output tokens/s")
+            if srv.get("overhead_fraction") is not None:
+                head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
+                         f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
+        return head
     return ""
 
 
@@ -134,7 +168,15 @@ def _bench(args) -> int:
     if args.benchmark == "all" and args.sizes:
         raise GpuproofError("--sizes is ambiguous with 'all' (matmul and allreduce sizes differ); "
                             "use --matmul-sizes and --allreduce-sizes")
-    from ..results import RunDir
+    from ..commands.extras import require
+
+    # the workloads run here, as subprocesses: torch for all, locust for the load generator
+    require("bench", ["torch"] + (["locust"] if args.benchmark in ("inference", "all") else []),
+            "gpuproof bench --local")
+    from ..results import _SAFE, RunDir
+
+    if args.run_id and not _SAFE.match(args.run_id):
+        raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
     from . import names
     from .benchmarks import run_and_record
     from ..metrics import unavailable_reason

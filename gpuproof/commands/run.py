@@ -5,10 +5,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..errors import GpuproofError
 from ..results import new_run_id
 
-REPO = Path(__file__).resolve().parents[2]
-SUITES = REPO / "suites"
+# pytest's configuration for the suites, passed with -c: markers and options are the same in a
+# checkout and an installed wheel, and no pytest.ini/tox.ini/pyproject.toml around the install or
+# the current folder changes how the suites run.
+SUITES_INI = Path(__file__).with_name("suites.ini")
+
+
+def suites_dir() -> Path:
+    """The acceptance suites: ``suites/`` in the repository, ``gpuproof/suites`` installed."""
+    from ..workloads import package_folder
+
+    return package_folder("suites")
 
 
 def register(sub) -> None:
@@ -41,8 +51,12 @@ def register(sub) -> None:
 
 
 def pytest_argv(args, run_id: str) -> list[str]:
+    suites = suites_dir()
     run_path = Path(args.report_dir) / run_id
-    argv = [str(SUITES), f"--rootdir={REPO}", "-p", "no:cacheprovider", f"--run-id={run_id}",
+    # rootdir = the folder above suites/, so test ids read suites/test_x.py::... wherever it is installed;
+    # -p loads the plugin also where PYTEST_DISABLE_PLUGIN_AUTOLOAD is set (a no-op when already loaded)
+    argv = [str(suites), f"--rootdir={suites.parent}", f"--confcutdir={suites}", "-c", str(SUITES_INI),
+            "-p", "gpuproof.pytest_plugin", "-p", "no:cacheprovider", f"--run-id={run_id}",
             f"--report-dir={args.report_dir}", f"--junitxml={run_path / 'junit.xml'}", "-o", "junit_family=xunit2",
             "-rs"]
     for opt in ("kubeconfig", "context", "fleet", "shared_requests_refused", "pool_label"):
@@ -59,9 +73,59 @@ def pytest_argv(args, run_id: str) -> list[str]:
     return argv + list(args.pytest_args)
 
 
+def check_kubeconfig(path: str | None) -> None:
+    """A named kubeconfig exists and is a YAML mapping (the client library fails obscurely otherwise)."""
+    if not path:
+        return
+    import yaml
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise GpuproofError(f"kubeconfig not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise GpuproofError(f"kubeconfig {path} cannot be read as YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("clusters"), list):
+        raise GpuproofError(f"kubeconfig {path} is not a kubeconfig (no list of clusters in it)")
+
+
+def preflight(args) -> None:
+    """Refuse, in one line, what would otherwise fail inside pytest: a bad fleet, an unreachable or
+    forbidding cluster, a missing extra, an unusable report folder."""
+    real = bool(args.kubeconfig or args.context)
+    if real and args.fleet:
+        raise GpuproofError("--fleet is for the embedded cluster; it cannot be combined with --kubeconfig/--context")
+    report_dir = Path(args.report_dir)
+    if report_dir.exists() and not report_dir.is_dir():
+        raise GpuproofError(f"--report-dir {report_dir} is a file, not a folder")
+    if args.run_id:
+        from ..results import _SAFE
+
+        if not _SAFE.match(args.run_id):
+            raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
+    suites_dir()
+    if (args.bench or args.only_bench) and not real:
+        from .extras import require
+
+        # on the embedded cluster the benchmarks run on this host's CPU (its GPU nodes are simulated)
+        require("bench", ["torch", "locust"], "gpuproof run --bench on the embedded cluster")
+    if real:
+        from ..cluster import connect
+        from ..pytest_plugin import NEEDED_PERMISSIONS
+
+        check_kubeconfig(args.kubeconfig)
+        connect(args.kubeconfig, args.context).require_permissions(NEEDED_PERMISSIONS)
+    else:
+        from ..fleet import load_fleet
+
+        load_fleet(args.fleet or "mixed")   # FleetError names the file and the field
+
+
 def _run(args) -> int:
     import pytest
 
+    preflight(args)
     run_id = args.run_id or new_run_id()
     code = int(pytest.main(pytest_argv(args, run_id)))
     run_path = Path(args.report_dir) / run_id

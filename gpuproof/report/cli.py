@@ -80,14 +80,22 @@ def _baseline_make(args) -> int:
     return 0
 
 
+def _input_file(load, path):
+    """Load a rules/baseline file; a parser's multi-line complaint (YAML marks) becomes one line."""
+    try:
+        return load(path)
+    except GpuproofError as exc:
+        raise GpuproofError(" ".join(str(exc).split())) from None
+
+
 def _check(args) -> int:
     import json
 
     from .baseline import check_run, load_baseline, load_rules
     from .data import load_run
 
-    rules = load_rules(args.rules)
-    baseline = load_baseline(args.baseline)
+    rules = _input_file(load_rules, args.rules)
+    baseline = _input_file(load_baseline, args.baseline)
     run = load_run(args.run)
     report = check_run(run, baseline, rules)
     if args.format == "json":

@@ -1,0 +1,58 @@
+"""GPU health in a pod on every GPU node (workloads/health.py).
+
+XIDs, ECC errors, retired pages / remapped rows, clock-event reasons during a matmul
+burst, PCIe generation and width under load, NVLink links, persistence mode, power
+limit, host<->GPU and GPU<->GPU copy bandwidth, and ``dcgmi diag`` when the image has
+DCGM. Each item of the workload becomes a check record: a failed item fails the test
+naming the node, the threshold (expected) and the reading (actual); warnings are
+recorded as warnings; what a node cannot report is recorded as skipped, with why.
+
+Thresholds: the table in workloads/README.md; extra workload flags come from
+``GPUPROOF_HEALTH_ARGS`` (e.g. ``--dcgm-level 2 --copy-min-gbps 20``). On the embedded
+cluster (kwok nodes: pods never run) the workload runs once on this host's CPU.
+Records (benchmark ``health``): ``verdict`` per item, the item's value when numeric.
+"""
+
+import pytest
+
+from gpuproof.bench import get, suite
+from gpuproof.bench.health import extra_args_from_env, record_checks
+from gpuproof.errors import GpuproofError
+from gpuproof.suite import free_on
+
+FEATURE = "health"
+
+
+def test_health_local_cpu(target, run_dir):
+    """On the embedded cluster: the workload on this host's CPU (records only); every GPU item 'unavailable'."""
+    if not suite.is_simulated(target):
+        pytest.skip("a real cluster: the health workload runs in a pod on each GPU node (test_health_per_node)")
+    result, records = suite.run_local_cpu("health", run_dir)
+    assert result["workload"] == "health" and result["items"], result
+    assert {i["verdict"] for i in result["items"]} == {"unavailable"}, result["items"]
+    assert any(r.metric == "verdict" for r in records)
+
+
+@pytest.mark.gpu
+@pytest.mark.places_pods
+def test_health_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discovery, check):
+    """One pod per GPU node with every free GPU of the node (one slice / replica when shared)."""
+    node = gpu_node
+    resource, gpus = suite.node_gpus(discovery, node.name, all_gpus=True)
+    free = free_on(target.cluster, node, resource)
+    if free < 1:
+        check.skip("health", f"{node.name} has no free {resource}: every GPU is held by other pods")
+    bench = get("health")
+    params = bench.params({"extra_args": extra_args_from_env()}, device="cuda")
+    try:
+        result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
+                                      resource=resource, image=suite.image(), timeout=target.timeout(bench.timeout_s))
+    except GpuproofError as exc:
+        check.true("health-pod", False, "the health pod finishes with a JSON result", str(exc).splitlines()[0],
+                   what=f"health workload pod ({resource} x {min(gpus, free)})")
+        return
+    records = bench.to_records(result, node=node.name, product=node.product)
+    for r in records:
+        r.parameters.setdefault("run_mode", "cluster")
+    run_dir.add_metrics(records)
+    record_checks(check, result)

@@ -1,0 +1,128 @@
+"""Every `gpuproof` subcommand, given a user's mistake, ends in one line on stderr and a non-zero exit.
+
+Each case runs the real command line (``python -m gpuproof``) in a scratch folder, as a user would:
+a fleet that is missing or malformed, a kubeconfig that is missing, garbage or points nowhere, a
+report folder that does not exist, an unknown benchmark, bad baseline and rules files, and so on.
+None of them may print a traceback, and none may touch a cluster (nothing here needs one).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BAD_FLEET = """\
+name: broken
+pools:
+  - name: a100
+    gpu: {product: NVIDIA-A100-SXM4-80GB, count: lots}
+"""
+
+# a kubeconfig whose API server does not exist: port 1 on this host refuses at once
+UNREACHABLE_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: nowhere
+  cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}
+users:
+- name: someone
+  user: {token: not-a-real-token}
+contexts:
+- name: nowhere
+  context: {cluster: nowhere, user: someone}
+current-context: nowhere
+"""
+
+RULES = """\
+rules:
+  - metric: matmul/tflops
+    tolerance: 5%
+    direction: higher_is_better
+"""
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cli-errors")
+    (d / "bad-fleet.yaml").write_text(BAD_FLEET)
+    (d / "not-yaml.yaml").write_text("pools: [1, 2\nname: x: y\n")
+    (d / "unreachable.kubeconfig").write_text(UNREACHABLE_KUBECONFIG)
+    (d / "garbage.kubeconfig").write_text("this is not a kubeconfig\n")
+    (d / "a-file").write_text("not a folder\n")
+    (d / "rules.yaml").write_text(RULES)
+    (d / "bad-rules.yaml").write_text("rules: [metric: x\n  tolerance: : :\n")
+    (d / "bad-baseline.json").write_text("{not json")
+    run = d / "reports" / "r1"                 # a run folder (so check gets as far as the baseline)
+    run.mkdir(parents=True)
+    (run / "run.json").write_text('{"run_id": "r1"}')
+    return d
+
+
+# (id, argv, a word the one line must contain)
+CASES = [
+    ("unknown-command", ["nosuch"], "invalid choice"),
+    ("unknown-option", ["run", "--nosuch"], "unrecognized arguments"),
+    ("run-missing-fleet", ["run", "--fleet", "no-such-fleet.yaml"], "no-such-fleet.yaml"),
+    ("run-malformed-fleet", ["run", "--fleet", "bad-fleet.yaml"], "pools[0].gpu.count"),
+    ("run-fleet-not-yaml", ["run", "--fleet", "not-yaml.yaml"], "not valid YAML"),
+    ("run-missing-kubeconfig", ["run", "--kubeconfig", "no-such.kubeconfig"], "no-such.kubeconfig"),
+    ("run-garbage-kubeconfig", ["run", "--kubeconfig", "garbage.kubeconfig"], "garbage.kubeconfig"),
+    ("run-unreachable-kubeconfig", ["run", "--kubeconfig", "unreachable.kubeconfig"], "127.0.0.1:1"),
+    ("run-unknown-context", ["run", "--kubeconfig", "unreachable.kubeconfig", "--context", "nosuch"], "nosuch"),
+    ("run-fleet-and-kubeconfig", ["run", "--kubeconfig", "unreachable.kubeconfig", "--fleet", "minimal"], "--fleet"),
+    ("run-report-dir-is-a-file", ["run", "--report-dir", "a-file"], "a-file"),
+    ("run-unsafe-run-id", ["run", "--run-id", "../elsewhere"], "--run-id"),
+    ("sim-up-missing-fleet", ["sim", "up", "--fleet", "no-such-fleet.yaml", "--state-dir", "sim"], "no-such-fleet"),
+    ("sim-up-bad-port", ["sim", "up", "--fleet", "minimal", "--port", "abc", "--state-dir", "sim"], "--port"),
+    ("sim-fleets-check-malformed", ["sim", "fleets", "--check", "bad-fleet.yaml"], "pools[0].gpu.count"),
+    ("sim-load-not-running", ["sim", "load", "--fleet", "minimal", "--state-dir", "sim"], "not running"),
+    ("sim-no-action", ["sim"], "required"),
+    ("clean-nothing-named-nothing-running", ["clean"], "no embedded cluster running"),
+    ("clean-missing-kubeconfig", ["clean", "--kubeconfig", "no-such.kubeconfig"], "no-such.kubeconfig"),
+    ("clean-unreachable", ["clean", "--kubeconfig", "unreachable.kubeconfig", "--dry-run"], "127.0.0.1:1"),
+    ("bench-unknown-benchmark", ["bench", "--local", "nosuch"], "nosuch"),
+    ("bench-without-local", ["bench", "matmul"], "--local"),
+    ("bench-out-is-a-file", ["bench", "--local", "probe", "--device", "cpu", "--out", "a-file/x"], "a-file"),
+    ("bench-unsafe-run-id", ["bench", "--local", "probe", "--device", "cpu", "--run-id", "a/b"], "--run-id"),
+    ("report-summary-missing-run", ["report", "summary", "reports/no-such-run"], "no-such-run"),
+    ("report-summary-latest-none", ["report", "summary", "latest"], "no run folders"),
+    ("report-html-missing-run", ["report", "html", "no-such-run"], "no-such-run"),
+    ("report-compare-missing-run", ["report", "compare", "reports/r1", "reports/gone"], "gone"),
+    ("report-baseline-missing-run", ["report", "baseline", "make", "gone", "-o", "b.json"], "gone"),
+    ("report-check-missing-rules", ["report", "check", "reports/r1", "--baseline", "b.json", "--rules", "no.yaml"],
+     "no.yaml"),
+    ("report-check-bad-rules", ["report", "check", "reports/r1", "--baseline", "b.json", "--rules", "bad-rules.yaml"],
+     "bad-rules.yaml"),
+    ("report-check-missing-baseline", ["report", "check", "reports/r1", "--baseline", "no.json",
+                                       "--rules", "rules.yaml"], "no.json"),
+    ("report-check-bad-baseline", ["report", "check", "reports/r1", "--baseline", "bad-baseline.json",
+                                   "--rules", "rules.yaml"], "bad-baseline.json"),
+]
+
+
+@pytest.mark.parametrize("argv,word", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_user_mistake_is_one_line(scratch, argv, word):
+    env = {**os.environ, "GPUPROOF_CACHE": str(scratch / "cache")}   # never the user's embedded cluster
+    env.pop("GPUPROOF_DEBUG", None)
+    cwd = scratch
+    if "latest" in argv:                       # a folder with no reports/ in it
+        cwd = scratch / "empty-folder"
+        cwd.mkdir(exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "gpuproof", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env=env)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0, f"exit 0 for {argv}:\n{proc.stdout}\n{err}"
+    assert "Traceback" not in err, err
+    assert len(err.splitlines()) == 1, f"{len(err.splitlines())} lines on stderr:\n{err}"
+    assert err.startswith("gpuproof"), err
+    assert word in err, f"{word!r} not in: {err}"
+
+
+def test_help_exits_zero():
+    proc = subprocess.run([sys.executable, "-m", "gpuproof", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: gpuproof"), proc.stderr
