@@ -188,3 +188,31 @@ def test_seeded_faults_still_fail_under_churn(embedded, tmp_path, case):
     assert res.code == 1, res
     for check, node, _, _ in expectations:
         assert [c for c in res.failed_checks(check) if c["target"] == node], res.failed_checks()
+
+
+def test_a_pod_that_came_and_went_during_a_check_is_noticed(embedded):
+    """The churn guard follows the nodes: a foreign pod arriving and leaving again between its two reads counts."""
+    from gpuproof.bench.base import wait_until
+    from gpuproof.churn import ForeignPods
+    from gpuproof.cluster import watch_until
+
+    core = embedded.client.core
+    guard = ForeignPods(embedded.client, "some-run", ["l4-shared-0"])
+    assert guard.changed() == ""
+    ns = "passer-by"
+    with contextlib.suppress(ApiException):
+        core.create_namespace({"metadata": {"name": ns}})
+    try:
+        core.create_namespaced_pod(ns, {"metadata": {"name": "brief"}, "spec": {
+            "nodeName": "l4-shared-0", "tolerations": [{"operator": "Exists"}], "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+        watch_until(core.list_namespaced_pod, lambda c: "brief" in c and c["brief"].status.phase == "Running", 60,
+                    "the passer-by pod to run", namespace=ns)
+        core.delete_namespaced_pod("brief", ns, grace_period_seconds=0)
+        watch_until(core.list_namespaced_pod, lambda c: "brief" not in c, 60, "the passer-by pod to go", namespace=ns)
+        wait_until(lambda: guard.came and guard.went, 30, "the churn guard's watch to see the pod come and go")
+        why = guard.changed()
+        assert "passer-by/brief on l4-shared-0" in why and "arrived" in why and "left" in why, why
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(ns)
