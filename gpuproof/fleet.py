@@ -328,6 +328,11 @@ class Pool:
         return nodes
 
 
+def kwok_managed(node: dict) -> bool:
+    """Whether kwok keeps this Node object Ready (the others play dead or sick kubelets)."""
+    return node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"
+
+
 def _apply_fault(node: dict, fault: Fault) -> None:
     labels = node["metadata"]["labels"]
     status = node["status"]
@@ -377,10 +382,6 @@ class Fleet:
     def node_objects(self) -> list[dict]:
         return [n for p in self.pools for n in p.node_objects()]
 
-    def managed_node_names(self) -> list[str]:
-        """Nodes kwok keeps Ready (the others play dead or sick kubelets)."""
-        return [n["metadata"]["name"] for n in self.node_objects()
-                if n["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"]
 
     @property
     def node_count(self) -> int:

@@ -34,7 +34,7 @@ import yaml
 
 from ..errors import ControlPlaneError
 from ..discovery import SIMULATED
-from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet
+from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet, kwok_managed
 from . import binaries as _binaries
 from .pki import make_pki
 from .stages import kwok_config
@@ -267,10 +267,10 @@ class SimCluster:
         nodes = fleet.node_objects()
         progress(f"creating {len(nodes)} simulated nodes for fleet {fleet.name!r}")
         _parallel(core.create_node, nodes)
-        client.wait_nodes_ready(fleet.managed_node_names(), timeout=timeout)
+        client.wait_nodes_ready([n["metadata"]["name"] for n in nodes if kwok_managed(n)], timeout=timeout)
         from . import operator
 
-        operator.apply(client, fleet, timeout=timeout, progress=progress)
+        operator.apply(client, nodes, timeout=timeout, progress=progress)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals

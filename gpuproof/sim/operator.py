@@ -14,22 +14,22 @@ import contextlib
 from kubernetes.client.exceptions import ApiException
 
 from ..discovery import OPERATOR_COMPONENT_APPS
-from ..fleet import KWOK_ANNOTATION, NO_OPERATOR_POD, Fleet
+from ..fleet import NO_OPERATOR_POD, kwok_managed
 
 NAMESPACE = "gpu-operator"
 DEPLOY = "nvidia.com/gpu.deploy.{component}"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 
-def expected_pods(fleet: Fleet) -> dict[str, set[str]]:
+def expected_pods(nodes: list[dict]) -> dict[str, set[str]]:
     """component -> nodes that get its pod (kwok-managed nodes only: the others play dead kubelets)."""
     out: dict[str, set[str]] = {}
-    for node in fleet.node_objects():
+    for node in nodes:
         labels = node["metadata"]["labels"]
         for component in OPERATOR_COMPONENT_APPS:
             if labels.get(DEPLOY.format(component=component)) == "true":
                 out.setdefault(component, set())
-                if node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake" and \
+                if kwok_managed(node) and \
                         NO_OPERATOR_POD.format(component=component) not in labels:
                     out[component].add(node["metadata"]["name"])
     return out
@@ -49,8 +49,8 @@ def daemonset(component: str) -> dict:
                                            "containers": [{"name": component, "image": PAUSE}]}}}}
 
 
-def apply(client, fleet: Fleet, timeout: float, progress=lambda msg: None) -> None:
-    """Replace the previous fleet's operator pods with this fleet's; wait until they are Ready."""
+def apply(client, nodes: list[dict], timeout: float, progress=lambda msg: None) -> None:
+    """Replace the previous fleet's operator pods with those its Node objects call for; wait until Ready."""
     from ..cluster import watch_until
 
     core, apps = client.core, client.apps
@@ -58,7 +58,7 @@ def apply(client, fleet: Fleet, timeout: float, progress=lambda msg: None) -> No
         for ds in apps.list_namespaced_daemon_set(NAMESPACE).items:
             apps.delete_namespaced_daemon_set(ds.metadata.name, NAMESPACE, propagation_policy="Background")
         core.delete_collection_namespaced_pod(NAMESPACE, grace_period_seconds=0)
-    wanted = expected_pods(fleet)
+    wanted = expected_pods(nodes)
     if not wanted:
         return
     with contextlib.suppress(ApiException):      # 409: there from an earlier fleet
