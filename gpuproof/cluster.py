@@ -361,7 +361,14 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
 # -------------------------------------------------------------------- helpers
 
 
+# taints the node lifecycle controller puts on a node until it has seen it Ready (and takes off after)
+_NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
 def _node_ready(node) -> bool:
+    """Ready, and the controller has taken its not-ready taint off: pods can land there now."""
+    if any(t.key in _NOT_READY_TAINTS for t in (node.spec.taints or [] if node.spec else [])):
+        return False
     for cond in (node.status.conditions or []) if node.status else []:
         if cond.type == "Ready":
             return cond.status == "True"
