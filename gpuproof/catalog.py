@@ -48,6 +48,7 @@ class Product:
     mig: tuple[MigProfile, ...] = ()
     mig_known: bool = True     # False: MIG-capable, but gpuproof has no profile table for it
     aliases: tuple[tuple[str, str], ...] = ()   # (scheme, name)
+    nvml: str = ""             # NVML's name where it is not the label's first '-' as a space
 
     def mig_profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig if p.name == name), None)
@@ -83,7 +84,8 @@ def _load(path: Path = CATALOG_FILE) -> tuple[dict[str, Product], dict[str, Inst
         mig = p.get("mig", "none")
         aliases = tuple((scheme, name) for scheme, names in (p.get("aliases") or {}).items() for name in names)
         products[p["label"]] = Product(p["label"], int(p["memoryMiB"]), p["family"], _compute(p["compute"]),
-                                       int(p["sms"]), tables.get(mig, ()), mig != "unknown", aliases)
+                                       int(p["sms"]), tables.get(mig, ()), mig != "unknown", aliases,
+                                       p.get("nvml", ""))
     types = {name: InstanceType(name, t["product"], int(t["count"])) for name, t in data["instanceTypes"].items()}
     return products, types
 

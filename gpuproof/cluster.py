@@ -76,6 +76,8 @@ class Cluster:
         self.batch = k8s.BatchV1Api(api)
         self.scheduling = k8s.SchedulingV1Api(api)
         self.auth = k8s.AuthorizationV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.resource = k8s.ResourceV1Api(api)
 
     @property
     def server(self) -> str:
@@ -126,6 +128,16 @@ class Cluster:
 
         resp = self.core.list_node(_preload_content=False)
         return json.loads(resp.data)["items"]
+
+    def dra_objects(self, plural: str) -> list[dict] | None:
+        """All ``resource.k8s.io/v1`` objects of a cluster-scoped kind (resourceslices, deviceclasses) as API
+        JSON; None when the cluster does not serve that API (before Kubernetes 1.34) or we may not list it."""
+        try:
+            return self.custom.list_cluster_custom_object("resource.k8s.io", "v1", plural)["items"]
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise _api_error(exc, f"list {plural}") from None
 
     def wait_nodes_ready(self, names: list[str], timeout: float = 120.0) -> None:
         wanted = set(names)

@@ -10,7 +10,12 @@ label scheme the node has, and where each value came from is recorded (``sources
   ``gke-max-shared-clients-per-gpu``, ``gke-gpu-sharing-strategy``;
 - ``karpenter``: ``karpenter.k8s.aws/instance-gpu-name|count|memory``;
 - ``instance-type``: ``node.kubernetes.io/instance-type`` looked up in the catalog (EKS, AKS);
+- ``dra``: nothing but the devices NVIDIA's DRA driver publishes for the node (ResourceSlices);
 - ``resources``: nothing but the advertised ``nvidia.com/*`` resources.
+
+GPUs reach pods through the device plugin (extended resources in the node's capacity), through
+Dynamic Resource Allocation (devices of driver ``gpu.nvidia.com`` in ResourceSlices), or both:
+``GpuNode.offers`` says which.
 
 Pools are the values of the first node-pool label a node has (GKE, EKS, AKS, Karpenter, or
 the well-known instance-type label), or ``--pool-label`` when given; with none, the product.
@@ -83,6 +88,7 @@ class GpuNode:
     conditions: dict[str, dict] = dataclasses.field(default_factory=dict)   # type -> status, reason, message
     unschedulable: bool = False      # cordoned
     node_info: dict = dataclasses.field(default_factory=dict)               # status.nodeInfo
+    dra_devices: list = dataclasses.field(default_factory=list)             # dra.Device of gpu.nvidia.com
 
     def label(self, key: str) -> str | None:
         return self.labels.get(key)
@@ -106,7 +112,40 @@ class GpuNode:
             return "karpenter"
         if catalog.instance_type(self.labels.get(INSTANCE_TYPE)):
             return "instance-type"
+        if self.dra_devices:
+            return "dra"
         return "resources"
+
+    # ---- how GPUs reach pods
+
+    @property
+    def device_plugin(self) -> bool:
+        """The node advertises GPU extended resources (nvidia.com/gpu, .shared, mig-*)."""
+        return any((res in (GPU, GPU_SHARED) or MIG_RESOURCE.match(res)) and (_int(v) or 0) > 0
+                   for res, v in self.capacity.items())
+
+    @property
+    def dra(self) -> bool:
+        """NVIDIA's DRA driver publishes devices for the node."""
+        return bool(self.dra_devices)
+
+    @property
+    def offers(self) -> str:
+        """'device-plugin', 'dra', 'both' or 'none'."""
+        return {(True, True): "both", (True, False): "device-plugin", (False, True): "dra"}.get(
+            (self.device_plugin, self.dra), "none")
+
+    @property
+    def dra_only(self) -> bool:
+        """GPUs only through DRA: the device-plugin checks do not apply to this node."""
+        return self.dra and not self.device_plugin
+
+    @property
+    def dra_physical_gpus(self) -> int:
+        """GPUs behind the node's DRA devices: whole GPUs, plus the parents of its MIG devices."""
+        whole = {d.uuid for d in self.dra_devices if d.type == "gpu"}
+        parents = {d.attributes.get("parentUUID") for d in self.dra_devices if d.type == "mig"}
+        return len(whole | parents)
 
     @property
     def instance(self) -> catalog.InstanceType | None:
@@ -119,6 +158,8 @@ class GpuNode:
         found = None
         if scheme == "gfd":
             return catalog.lookup(lab.get("nvidia.com/gpu.product", ""))
+        if scheme == "dra":
+            return catalog.lookup(self.product)
         if scheme == "gke":
             found = catalog.by_alias("gke", lab[GKE_ACCELERATOR])
         elif scheme == "karpenter":
@@ -132,6 +173,8 @@ class GpuNode:
         """GFD's product label; on other schemes the catalog's name for what they label."""
         if self.gfd:
             return self.labels.get("nvidia.com/gpu.product", "")
+        if self.scheme == "dra":
+            return next((d.product for d in self.dra_devices if d.product), "")
         if self.catalog_product is not None:
             return self.catalog_product.label
         return self.labels.get(GKE_ACCELERATOR) or self.labels.get(KARPENTER_GPU_NAME) or ""
@@ -141,6 +184,8 @@ class GpuNode:
         """GPUs in the node per a source other than the device plugin (None where none says)."""
         if self.scheme == "karpenter" and _int(self.labels.get(KARPENTER_GPU_COUNT)) is not None:
             return _int(self.labels.get(KARPENTER_GPU_COUNT))
+        if self.scheme == "dra":
+            return self.dra_physical_gpus
         return self.instance.count if self.instance else None
 
     @property
@@ -164,6 +209,8 @@ class GpuNode:
             return "nvidia.com/gpu.count"
         if self.scheme == "karpenter" and KARPENTER_GPU_COUNT in self.labels:
             return KARPENTER_GPU_COUNT
+        if self.scheme == "dra":
+            return "ResourceSlices of gpu.nvidia.com"
         return f"instance type {self.instance.name} (gpuproof catalog)" if self.instance else ""
 
     @property
@@ -238,7 +285,7 @@ class GpuNode:
         if scheme == "gfd":
             return {"product": "nvidia.com/gpu.product", "count": "nvidia.com/gpu.count",
                     "sharing": "nvidia.com/gpu.sharing-strategy", "partitioning": "nvidia.com/mig.strategy"}
-        product = {"gke": GKE_ACCELERATOR, "karpenter": KARPENTER_GPU_NAME,
+        product = {"gke": GKE_ACCELERATOR, "karpenter": KARPENTER_GPU_NAME, "dra": "ResourceSlice productName",
                    "instance-type": f"{INSTANCE_TYPE} (gpuproof catalog)"}.get(scheme, "(unknown)")
         return {"product": product, "count": self.count_source or "(unknown)",
                 "sharing": GKE_SHARING if GKE_SHARING in lab else "(none labelled)",
@@ -308,6 +355,10 @@ class Discovery:
     gpu_nodes: list[GpuNode]
     other_nodes: list[str]
     pool_label: str | None
+    # DRA: every gpu.nvidia.com device published (None: the cluster does not serve resource.k8s.io/v1,
+    # or we may not list ResourceSlices), and the DeviceClasses
+    dra_devices: list | None = None
+    device_classes: list[dict] | None = None
 
     @property
     def pools(self) -> dict[str, list[GpuNode]]:
@@ -325,8 +376,13 @@ class Discovery:
 
     @property
     def placeable(self) -> list[GpuNode]:
-        """GPU nodes pods can land on (Ready, not cordoned, no node-lifecycle taint)."""
-        return [n for n in self.gpu_nodes if not n.unfit_for_placement]
+        """GPU nodes device-plugin pods can land on (Ready, not cordoned, no node-lifecycle taint, not DRA-only)."""
+        return [n for n in self.gpu_nodes if not n.unfit_for_placement and not n.dra_only]
+
+    @property
+    def dra_placeable(self) -> list[GpuNode]:
+        """GPU nodes with DRA devices that pods can land on."""
+        return [n for n in self.gpu_nodes if not n.unfit_for_placement and n.dra]
 
     @property
     def simulated(self) -> bool:
@@ -344,7 +400,9 @@ def _as_dict(node) -> dict:
     return node.to_dict() if hasattr(node, "to_dict") else dict(node)
 
 
-def is_gpu_node(labels: dict, capacity: dict) -> bool:
+def is_gpu_node(labels: dict, capacity: dict, dra_devices: list | None = None) -> bool:
+    if dra_devices:
+        return True
     if labels.get("nvidia.com/gpu.present") == "true" or "nvidia.com/gpu.count" in labels:
         return True
     if GKE_ACCELERATOR in labels or labels.get(AKS_ACCELERATOR) == "nvidia":
@@ -357,8 +415,14 @@ def is_gpu_node(labels: dict, capacity: dict) -> bool:
                for res, v in capacity.items())
 
 
-def discover(nodes: Iterable, pool_label: str | None = None) -> Discovery:
+def discover(nodes: Iterable, pool_label: str | None = None, slices: list[dict] | None = None,
+             device_classes: list[dict] | None = None) -> Discovery:
+    """GPU nodes and pools from Node objects, and (given ``slices``) from NVIDIA's DRA ResourceSlices."""
+    from . import dra
+
     raw = [_as_dict(n) for n in nodes]
+    devices = dra.devices_of(slices) if slices is not None else None
+    per_node = dra.by_node(devices or [])
     gpu, other = [], []
     used: dict[str, int] = {}
     for r in raw:
@@ -367,7 +431,7 @@ def discover(nodes: Iterable, pool_label: str | None = None) -> Discovery:
         spec = r.get("spec") or {}
         labels = meta.get("labels") or {}
         capacity = {k: str(v) for k, v in (status.get("capacity") or {}).items()}
-        if not is_gpu_node(labels, capacity):
+        if not is_gpu_node(labels, capacity, per_node.get(meta["name"])):
             other.append(meta["name"])
             continue
         taints = [{"key": t.get("key"), "value": t.get("value"), "effect": t.get("effect")}
@@ -384,9 +448,11 @@ def discover(nodes: Iterable, pool_label: str | None = None) -> Discovery:
             taints=taints, simulated=(meta.get("annotations") or {}).get(KWOK_ANNOTATION) in SIMULATED,
             conditions=conditions, unschedulable=bool(spec.get("unschedulable")),
             node_info=dict(status.get("nodeInfo") or status.get("node_info") or {}),
+            dra_devices=per_node.get(meta["name"], []),
         )
         node.pool = (labels.get(chosen) if chosen else None) or node.product or "unknown"
         gpu.append(node)
     gpu.sort(key=lambda n: n.name)
     chosen_label = pool_label or (max(used, key=used.get) if used else None)
-    return Discovery(gpu_nodes=gpu, other_nodes=sorted(other), pool_label=chosen_label)
+    return Discovery(gpu_nodes=gpu, other_nodes=sorted(other), pool_label=chosen_label, dra_devices=devices,
+                     device_classes=device_classes)

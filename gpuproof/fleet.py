@@ -55,6 +55,8 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
 # how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
 LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
+# how a pool's GPUs reach pods: the device plugin (extended resources), DRA (ResourceSlices), or both
+OFFERS = ("device-plugin", "dra", "both")
 # GPU operator components (nvidia.com/gpu.deploy.<component>) on an operator-managed (OpenShift) node
 OPERATOR_COMPONENTS = ("driver", "container-toolkit", "device-plugin", "gpu-feature-discovery",
                        "dcgm-exporter", "dcgm", "operator-validator", "node-status-exporter")
@@ -122,6 +124,11 @@ class Fault:
     unschedulable: bool = False
     conditions: dict[str, str] = dataclasses.field(default_factory=dict)     # type -> "True"/"False"
     add_taints: list[Taint] = dataclasses.field(default_factory=list)
+    # DRA: devices left out of the node's ResourceSlice, attributes overwritten on each of its devices,
+    # and its first device published a second time (in a second slice of the same pool)
+    dra_drop_devices: list[str] = dataclasses.field(default_factory=list)
+    dra_set_attributes: dict[str, str] = dataclasses.field(default_factory=dict)
+    dra_duplicate_device: bool = False
 
     @property
     def unmanaged(self) -> bool:
@@ -144,6 +151,15 @@ class Pool:
     mig: Mig | None = None
     faults: list[Fault] = dataclasses.field(default_factory=list)
     label_scheme: str = "gfd"
+    offer: str = "device-plugin"
+
+    @property
+    def device_plugin(self) -> bool:
+        return self.gpu is not None and self.offer in ("device-plugin", "both")
+
+    @property
+    def dra(self) -> bool:
+        return self.gpu is not None and self.offer in ("dra", "both")
 
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
@@ -153,7 +169,7 @@ class Pool:
     def gpu_resources(self) -> dict[str, str]:
         """Extended resources the device plugin advertises (capacity == allocatable)."""
         g = self.gpu
-        if g is None:
+        if g is None or not self.device_plugin:
             return {}
         if self.mig and self.mig.strategy == "mixed":
             res = {GPU: "0"}
@@ -328,6 +344,34 @@ class Pool:
         return nodes
 
 
+    def resource_slices(self, node_uids: dict[str, str]) -> list[dict]:
+        """The ResourceSlices NVIDIA's DRA driver would publish for this pool's nodes (faults applied)."""
+        from . import dra
+
+        if not self.dra:
+            return []
+        out = []
+        for i, name in enumerate(self.node_names()):
+            devices = dra.gpu_devices(name, self.gpu, self.mig, self.gpu.driver_version, self.gpu.cuda_version)
+            faults = [f for f in self.faults if f.node is None or f.node == i]
+            duplicate = None
+            for fault in faults:
+                devices = [d for d in devices if d["name"] not in fault.dra_drop_devices]
+                for d in devices:
+                    for key, value in fault.dra_set_attributes.items():
+                        kind = next(iter(d["attributes"].get(key) or {"string": None}))
+                        d["attributes"][key] = {kind: value}
+                if fault.dra_duplicate_device and devices:
+                    duplicate = copy.deepcopy(devices[0])
+            uid = node_uids.get(name, "")
+            if duplicate is None:
+                out.append(dra.resource_slice(name, uid, devices))
+            else:
+                out += [dra.resource_slice(name, uid, devices, index=0, count=2),
+                        dra.resource_slice(name, uid, [duplicate], index=1, count=2)]
+        return out
+
+
 def kwok_managed(node: dict) -> bool:
     """Whether kwok keeps this Node object Ready (the others play dead or sick kubelets)."""
     return node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"
@@ -378,6 +422,18 @@ class Fleet:
     pools: list[Pool]
     source: str = ""
     control_plane: ControlPlane = dataclasses.field(default_factory=ControlPlane)
+    # DeviceClasses NVIDIA's chart installs, published when any pool offers DRA (None: both of them)
+    device_classes: list[str] | None = None
+
+    def dra_objects(self, node_uids: dict[str, str]) -> list[dict]:
+        """DeviceClasses and ResourceSlices of the fleet's DRA pools (nothing if none offers DRA)."""
+        from . import dra
+
+        if not any(p.dra for p in self.pools):
+            return []
+        classes = list(dra.CLASS_TYPES) if self.device_classes is None else self.device_classes
+        return [dra.device_class(c) for c in classes] + \
+            [s for p in self.pools for s in p.resource_slices(node_uids)]
 
     def node_objects(self) -> list[dict]:
         return [n for p in self.pools for n in p.node_objects()]
@@ -569,6 +625,9 @@ def _parse_fault(f: _Fields) -> Fault:
         unschedulable=f.bool("unschedulable"),
         conditions=f.str_map("conditions"),
         add_taints=[_parse_taint(t, f, f"addTaints[{i}]") for i, t in enumerate(f.str_list("addTaints"))],
+        dra_drop_devices=f.str_list("draDropDevices"),
+        dra_set_attributes=f.str_map("draSetAttributes"),
+        dra_duplicate_device=f.bool("draDuplicateDevice"),
     )
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
@@ -612,6 +671,22 @@ def _parse_pool(f: _Fields) -> Pool:
     if pool.label_scheme not in LABEL_SCHEMES:
         f.fail("labelScheme", f"{pool.label_scheme!r} is not one of {', '.join(LABEL_SCHEMES)}")
     _check_scheme(pool, f)
+    pool.offer = f.str("offer", "device-plugin")
+    if pool.offer not in OFFERS:
+        f.fail("offer", f"{pool.offer!r} is not one of {', '.join(OFFERS)}")
+    if pool.offer != "device-plugin":
+        if pool.gpu is None:
+            f.fail("offer", "a pool without GPUs offers nothing through DRA")
+        if pool.time_slicing:
+            f.fail("offer", "time-slicing through DRA (claim sharing configs) is not modelled; "
+                            "use offer: device-plugin for time-sliced pools")
+        if pool.mig:
+            from .dra import placements
+
+            try:
+                placements(pool.mig.profiles, pool.gpu.product)
+            except ValueError as exc:
+                f.fail("mig.profiles", str(exc))
     faults = f.get("faults", [])
     if not isinstance(faults, list):
         f.fail("faults", f"must be a list, got {_kind(faults)}")
@@ -663,6 +738,17 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         top.fail("defaults", f"must be a mapping, got {_kind(defaults)}")
     pools_raw = top.get("pools", required=True)
     cp = ControlPlane()
+    device_classes = None
+    dra_f = top.mapping("dra")
+    if dra_f:
+        from .dra import CLASS_TYPES
+
+        device_classes = dra_f.str_list("deviceClasses")
+        for i, c in enumerate(device_classes):
+            if c not in CLASS_TYPES:
+                dra_f.fail(f"deviceClasses[{i}]", f"{c!r} is not one of NVIDIA's DeviceClasses "
+                                                  f"({', '.join(CLASS_TYPES)})")
+        dra_f.done()
     cp_f = top.mapping("controlPlane")
     if cp_f:
         cp.disable_admission_plugins = cp_f.str_list("disableAdmissionPlugins")
@@ -690,7 +776,7 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         pools.append(pool)
     if sum(p.count for p in pools) == 0:
         top.fail("pools", "the fleet has no nodes (every count is 0)")
-    return Fleet(name=name, pools=pools, source=source, control_plane=cp)
+    return Fleet(name=name, pools=pools, source=source, control_plane=cp, device_classes=device_classes)
 
 
 def load_fleet(path: str | os.PathLike) -> Fleet:

@@ -79,13 +79,17 @@ def node_entry(node: GpuNode, stack: dict[str, str] | None = None) -> dict:
         "mig_config": node.labels.get("nvidia.com/mig.config", ""),
         "mig_config_state": node.labels.get("nvidia.com/mig.config.state", ""),
         "driver_upgrade_state": node.labels.get("nvidia.com/gpu-driver-upgrade-state", ""),
+        "offers": node.offers,
+        "dra_devices": len(node.dra_devices),
+        "dra_device_types": ",".join(sorted({d.profile or d.type for d in node.dra_devices})),
         **(stack or {}),
     }
 
 
 def snapshot_from_nodes(nodes: Iterable, cluster: str = "", kubernetes_version: str = "",
-                        pool_label: str | None = None, pods: Iterable[dict] = ()) -> dict:
-    d = discover(nodes, pool_label=pool_label)
+                        pool_label: str | None = None, pods: Iterable[dict] = (),
+                        slices: list[dict] | None = None) -> dict:
+    d = discover(nodes, pool_label=pool_label, slices=slices)
     stack = stack_images(pods)
     entries = [node_entry(n, stack.get(n.name)) for n in d.gpu_nodes]
     entries += [{"name": name, "gpu": False} for name in d.other_nodes]
@@ -95,6 +99,8 @@ def snapshot_from_nodes(nodes: Iterable, cluster: str = "", kubernetes_version: 
         "kubernetes_version": kubernetes_version,
         "pool_label": d.pool_label,
         "gpu_nodes": len(d.gpu_nodes),
+        "dra": None if d.dra_devices is None else {"devices": len(d.dra_devices),
+                                                   "slices": len({x.slice for x in d.dra_devices})},
         "nodes": sorted(entries, key=lambda e: e["name"]),
     }
 
@@ -103,7 +109,7 @@ def snapshot(cluster, pool_label: str | None = None) -> dict:
     """Inventory of a live cluster (a gpuproof.cluster.Cluster)."""
     return snapshot_from_nodes(cluster.node_dicts(), cluster=cluster.name,
                                kubernetes_version=cluster.version(), pool_label=pool_label,
-                               pods=_pod_dicts(cluster))
+                               pods=_pod_dicts(cluster), slices=cluster.dra_objects("resourceslices"))
 
 
 def _pod_dicts(cluster) -> list[dict]:

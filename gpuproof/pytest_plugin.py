@@ -173,7 +173,9 @@ class Target:
             from .discovery import discover
 
             cluster = self.connect()
-            self._discovery = discover(cluster.node_dicts(), pool_label=self.config.getoption("--pool-label"))
+            self._discovery = discover(cluster.node_dicts(), pool_label=self.config.getoption("--pool-label"),
+                                       slices=cluster.dra_objects("resourceslices"),
+                                       device_classes=cluster.dra_objects("deviceclasses"))
         return self._discovery
 
     def shared_requests_refused(self, node) -> bool | None:
@@ -238,6 +240,8 @@ def get_target(config: pytest.Config) -> Target:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "places_pods: the test places pods, so only GPU nodes that can take pods "
                                        "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
+    config.addinivalue_line("markers", "device_plugin: the check is about the device plugin's extended resources, "
+                                       "so nodes that offer GPUs only through DRA are not offered to it")
     get_target(config)
     # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
     if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
@@ -281,6 +285,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"gpuproof cannot use its target cluster: {exc}") from None
     select = getattr(metafunc.function, "gpuproof_select", None)
     candidates = d.gpu_nodes
+    if metafunc.definition.get_closest_marker("device_plugin") is not None:
+        candidates = [n for n in candidates if not n.dra_only]   # GPUs through DRA only: no extended resources
     if metafunc.definition.get_closest_marker("places_pods") is not None:
         candidates = d.placeable     # a dead or cordoned node is reported by the nodes suite, not timed out on
     if "gpu_node" in wanted:

@@ -107,13 +107,26 @@ class Scratch:
     def __init__(self, run, timeout: float = 120.0, avoid: list[str] | None = None):
         self.run = run
         self.names: list[str] = []
+        self.claims: list[tuple[str, str]] = []     # (kind, name) of ResourceClaims and templates made here
         self.timeout = timeout
         self.avoid = sorted(avoid or [])
 
     def create(self, manifest: dict):
+        if manifest.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
+            obj = self.run.apply(manifest)
+            self.claims.append((manifest["kind"], manifest["metadata"]["name"]))
+            return obj
         obj = self.run.apply(keep_off(manifest, self.avoid))
         self.names.append(manifest["metadata"]["name"])
+        if manifest["spec"].get("resourceClaims"):
+            self.claims.append(("Pod", manifest["metadata"]["name"]))
         return obj
+
+    def delete_pod(self, name: str) -> None:
+        """Delete one of the test's pods now and wait until it is gone (its claims then free their devices)."""
+        with contextlib.suppress(ApiException):
+            self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=0)
+        self.run.wait_pods(lambda c: name not in c or None, self.timeout, f"pod {name} to be deleted")
 
     def try_create(self, manifest: dict) -> ApiException | None:
         obj, err = self.run.try_apply(keep_off(manifest, self.avoid))
@@ -122,8 +135,29 @@ class Scratch:
         return err
 
     def close(self) -> None:
-        if not self.names:
-            return
+        if self.names:
+            self._delete_pods()
+        if self.claims:
+            self._delete_claims()
+
+    def _delete_claims(self) -> None:
+        """Delete the test's claims and templates; wait until no claim is left in the run namespace, so the
+        next test finds every device free (claims from templates go with their pods)."""
+        run, res = self.run, self.run.cluster.resource
+        for kind, name in self.claims:
+            with contextlib.suppress(ApiException):
+                if kind == "ResourceClaim":
+                    res.delete_namespaced_resource_claim(name, run.namespace)
+                elif kind == "ResourceClaimTemplate":
+                    res.delete_namespaced_resource_claim_template(name, run.namespace)
+        self.claims.clear()
+        from .cluster import watch_until
+
+        watch_until(res.list_namespaced_resource_claim, lambda c: not c, self.timeout,
+                    f"the test's ResourceClaims in {run.namespace} to be deallocated and deleted",
+                    describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}", namespace=run.namespace)
+
+    def _delete_pods(self) -> None:
         for name in self.names:
             with contextlib.suppress(ApiException):
                 self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=0)

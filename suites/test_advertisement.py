@@ -12,6 +12,7 @@ from gpuproof.discovery import GPU, GPU_SHARED
 from gpuproof.pytest_plugin import for_nodes
 
 FEATURE = "advertisement"
+pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
 
 
 @for_nodes(lambda n: n.mig_strategy != "mixed")

@@ -15,6 +15,7 @@ from gpuproof.pytest_plugin import for_nodes
 from gpuproof.suite import TOLERATE_ALL, free_on, mig_device_checks, pod, pod_outcome, probe_on, settled, used_on
 
 FEATURE = "mig"
+pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
 
 
 def mixed(n):

@@ -15,6 +15,7 @@ from gpuproof.suite import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, s
                             used_on)
 
 FEATURE = "timeslicing"
+pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
 MAX_PODS = 64
 
 

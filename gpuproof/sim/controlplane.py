@@ -271,6 +271,7 @@ class SimCluster:
         from . import operator
 
         operator.apply(client, nodes, timeout=timeout, progress=progress)
+        publish_dra(client, fleet, progress=progress)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals
@@ -418,6 +419,31 @@ class SimCluster:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE      # component self-signed health endpoints on loopback
         return ctx
+
+
+def publish_dra(client, fleet: Fleet, progress: Progress = _quiet) -> None:
+    """Replace the DeviceClasses and ResourceSlices of the previous fleet's DRA pools with this fleet's.
+
+    They are what NVIDIA's DRA driver publishes (its Helm chart's classes, its kubelet plugin's slices,
+    owned by their Node); the real scheduler allocates claims from them, kwok runs the pods.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    from ..dra import GROUP, SIM_LABEL, VERSION
+
+    custom = client.custom
+    for plural in ("resourceslices", "deviceclasses"):
+        with contextlib.suppress(ApiException):
+            custom.delete_collection_cluster_custom_object(GROUP, VERSION, plural, label_selector=f"{SIM_LABEL}=true")
+    uids = {n.metadata.name: n.metadata.uid for n in client.core.list_node().items}
+    objects = fleet.dra_objects(uids)
+    if not objects:
+        return
+    slices = [o for o in objects if o["kind"] == "ResourceSlice"]
+    progress(f"DRA: publishing {len(objects) - len(slices)} DeviceClasses and {len(slices)} ResourceSlices "
+             f"({sum(len(s['spec']['devices']) for s in slices)} devices)")
+    plural = {"ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}
+    _parallel(lambda o: custom.create_cluster_custom_object(GROUP, VERSION, plural[o["kind"]], o), objects)
 
 
 def _die_with_parent() -> None:

@@ -1,0 +1,496 @@
+"""GPUs through Dynamic Resource Allocation (``resource.k8s.io/v1``), as NVIDIA's DRA driver offers them.
+
+NVIDIA's GPU kubelet plugin (driver ``gpu.nvidia.com``) publishes one ResourceSlice per node
+(pool name = node name) whose devices are the node's GPUs, or, on a GPU with MIG enabled,
+its MIG devices instead. What it writes, read from the driver's source
+(``cmd/gpu-kubelet-plugin/deviceinfo.go`` and ``nvlib.go``):
+
+- device names ``gpu-<minor>`` and ``gpu-<minor>-mig-<gi profile id>-<placement start>-<size>``;
+- attributes (domain ``gpu.nvidia.com``): ``type`` (``gpu``/``mig``), ``uuid``, ``productName``
+  (the NVML name, e.g. ``NVIDIA A100-SXM4-80GB``; GFD's ``gpu.product`` is it with spaces as '-'),
+  ``brand``, ``architecture`` (``Ampere``, ``Ada Lovelace``, ``Hopper``...), ``cudaComputeCapability``,
+  ``driverVersion`` and ``cudaDriverVersion`` (versions, semver), ``pcieBusID``, ``addressingMode``;
+  MIG devices add ``parentUUID`` and ``profile``; ``resource.kubernetes.io/pcieRoot`` where known;
+- capacity ``memory`` (bytes, binary SI); MIG devices add ``multiprocessors``, ``copyEngines``,
+  ``decoders``, ``encoders``, ``jpegEngines``, ``ofaEngines`` and ``memorySlice<i>`` = 1 per memory
+  slice the instance occupies.
+
+Its Helm chart installs DeviceClasses ``gpu.nvidia.com`` (type ``gpu``) and ``mig.nvidia.com``
+(type ``mig``). This module reads slices into :class:`Device` objects for discovery and the DRA
+suite, and builds the same objects for the embedded cluster's DRA pools.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import uuid as _uuid
+from typing import Any, Iterable
+
+from . import catalog
+
+API = "resource.k8s.io/v1"
+GROUP, VERSION = "resource.k8s.io", "v1"
+DRIVER = "gpu.nvidia.com"
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+# DeviceClass name -> the device type its selector admits (NVIDIA's chart)
+CLASS_TYPES = {GPU_CLASS: "gpu", MIG_CLASS: "mig"}
+SIM_LABEL = "gpuproof.dev/sim-dra"           # on objects the embedded cluster publishes for its DRA pools
+
+# nvidia.com/gpu.family (GFD) -> the architecture string go-nvlib gives NVIDIA's DRA driver
+ARCHITECTURES = {"kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta",
+                 "turing": "Turing", "ampere": "Ampere", "ada-lovelace": "Ada Lovelace", "hopper": "Hopper",
+                 "blackwell": "Blackwell"}
+# NVML GPU instance profile ids by compute slices and memory slices ("nvidia-smi mig -lgip")
+_GI_PROFILE_IDS = {(1, 1): 19, (1, 2): 15, (2, 2): 14, (3, 4): 9, (4, 4): 5, (7, 8): 0}
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+_FACTORS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+            "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "m": 0.001}
+
+
+def quantity(text: Any) -> float | None:
+    """A Kubernetes quantity as a number ('80Gi' -> 85899345920); None if it is not one."""
+    m = _QUANTITY.match(str(text or "").strip())
+    return float(m.group(1)) * _FACTORS[m.group(2)] if m else None
+
+
+def mib(text: Any) -> int | None:
+    q = quantity(text)
+    return None if q is None else int(round(q / 2**20))
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text or "")[:3])
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class Device:
+    """One device of a ResourceSlice, with its attributes as plain values."""
+
+    driver: str
+    pool: str
+    node: str                      # spec.nodeName ('' for network-attached devices)
+    slice: str
+    name: str
+    attributes: dict[str, Any]     # the driver's own domain unqualified ('productName'), others qualified
+    capacity: dict[str, str]       # name -> quantity as written
+
+    @property
+    def type(self) -> str:
+        return str(self.attributes.get("type", ""))
+
+    @property
+    def uuid(self) -> str:
+        return str(self.attributes.get("uuid", ""))
+
+    @property
+    def product(self) -> str:
+        """The product in GFD's spelling (NVML name, spaces -> '-')."""
+        return str(self.attributes.get("productName", "")).replace(" ", "-")
+
+    @property
+    def memory_mib(self) -> int | None:
+        return mib(self.capacity.get("memory"))
+
+    @property
+    def profile(self) -> str:
+        return str(self.attributes.get("profile", ""))
+
+    @property
+    def ref(self) -> str:
+        return f"{self.pool}/{self.name}"
+
+    def as_record(self) -> dict:
+        return {"driver": self.driver, "pool": self.pool, "device": self.name, "slice": self.slice,
+                "type": self.type, "uuid": self.uuid, "productName": self.attributes.get("productName"),
+                "memory": self.capacity.get("memory"), "profile": self.profile or None}
+
+
+def _value(attr: dict) -> Any:
+    for kind in ("string", "int", "bool", "version"):
+        if kind in attr:
+            return attr[kind]
+    return None
+
+
+def devices_of(slices: Iterable[dict], driver: str | None = DRIVER) -> list[Device]:
+    """Devices of the ResourceSlices (of one driver, or all with driver=None), in slice order."""
+    out = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        drv = spec.get("driver", "")
+        if driver is not None and drv != driver:
+            continue
+        for dev in spec.get("devices") or []:
+            attrs = {}
+            for key, val in (dev.get("attributes") or {}).items():
+                name = key[len(drv) + 1:] if key.startswith(drv + "/") else key
+                attrs[name] = _value(val)
+            out.append(Device(driver=drv, pool=(spec.get("pool") or {}).get("name", ""),
+                              node=spec.get("nodeName") or "", slice=(s.get("metadata") or {}).get("name", ""),
+                              name=dev.get("name", ""), attributes=attrs,
+                              capacity={k: str((v or {}).get("value", "")) for k, v in
+                                        (dev.get("capacity") or {}).items()}))
+    return out
+
+
+def by_node(devices: Iterable[Device]) -> dict[str, list[Device]]:
+    out: dict[str, list[Device]] = {}
+    for d in devices:
+        out.setdefault(d.node, []).append(d)
+    return out
+
+
+def class_selects_type(device_class: dict) -> str | None:
+    """The device type ('gpu'/'mig') a DeviceClass's CEL selectors admit from NVIDIA's driver, or None.
+
+    Reads the one shape NVIDIA's chart (and every guide) writes: ``device.driver == 'gpu.nvidia.com' &&
+    device.attributes['gpu.nvidia.com'].type == '<type>'``. Other selectors are proven by allocation.
+    """
+    exprs = [(sel.get("cel") or {}).get("expression", "") for sel in
+             (device_class.get("spec") or {}).get("selectors") or []]
+    text = " && ".join(exprs)
+    if not re.search(r"device\.driver\s*==\s*['\"]" + re.escape(DRIVER) + r"['\"]", text):
+        return None
+    m = re.search(r"device\.attributes\[['\"]" + re.escape(DRIVER) + r"['\"]\]\.type\s*==\s*['\"](\w+)['\"]", text)
+    return m.group(1) if m else None
+
+
+# ----------------------------------------------------------------------------- publishing (embedded cluster)
+
+
+def nvml_name(label: str) -> str:
+    """The NVML device name for a GFD product label."""
+    known = catalog.lookup(label)
+    if known is not None and known.nvml:
+        return known.nvml
+    brand, _, rest = label.partition("-")
+    return f"{brand} {rest}" if rest else label
+
+
+def _uuid_for(*parts: str) -> str:
+    return str(_uuid.UUID(bytes=hashlib.sha1("/".join(parts).encode()).digest()[:16], version=5))
+
+
+def placements(profiles: dict[str, int], product: str) -> list[tuple[str, int, int]]:
+    """(profile, start, size) of each MIG instance on one GPU, largest first, in the first free slot.
+
+    A GPU has 8 memory slices; an instance takes 1, 2, 4 or 8 of them (its memory over the whole
+    GPU's, the 7g profile's) at a start that is a multiple of its size: 1-slice instances at 0-6,
+    2g at 0/2/4. Larger instances take the highest free start, 1-slice ones the lowest, which gives
+    NVML's layouts for the usual mixes (e.g. 1g@0, 1g@1, 2g@2, 3g@4).
+    """
+    free = [True] * 8
+    out = []
+    sizes = {name: memory_slices(name, product) for name in profiles}
+    for name, per_gpu in sorted(profiles.items(), key=lambda kv: -sizes[kv[0]]):
+        size = sizes[name]
+        for _ in range(per_gpu):
+            start = next((s for s in _starts(name, size) if all(free[s:s + size])), None)
+            if start is None:
+                raise ValueError(f"MIG profiles {profiles} do not fit on one {product}")
+            free[start:start + size] = [False] * size
+            out.append((name, start, size))
+    return out
+
+
+def _starts(profile: str, size: int) -> list[int]:
+    if size == 1:
+        return list(range(7))
+    starts = list(range(0, 8 - size + 1, size))
+    if size == 2 and not profile.startswith("1g."):
+        starts = [0, 2, 4]
+    return starts[::-1]
+
+
+def memory_slices(profile: str, product: str) -> int:
+    """Memory slices (of 8) a MIG profile occupies on a product, e.g. 1g.10gb: 2 on an A100 40GB, 1 on 80GB."""
+    known = catalog.lookup(product)
+    g, mem = (int(x) for x in catalog.MIG_NAME.match(profile).groups())
+    whole = max((p.memory_gb for p in known.mig), default=0) if known else 0
+    if g == 7 or not whole:
+        return 8 if g == 7 else {1: 1, 2: 2, 3: 4, 4: 4}.get(g, 8)
+    share = mem * 8 / whole
+    return min((1, 2, 4, 8), key=lambda n: abs(n - share))
+
+
+def gpu_devices(node: str, gpu, mig, driver_version: str, cuda_version: str, sms: int = 0) -> list[dict]:
+    """The ``devices`` of the slice NVIDIA's kubelet plugin would publish for a node's GPUs."""
+    known = catalog.lookup(gpu.product)
+    name = nvml_name(gpu.product)
+    brand = "Tesla" if gpu.product.startswith("Tesla") else "Nvidia"
+    arch = ARCHITECTURES.get(gpu.family, gpu.family.title())
+    cc = f"{gpu.compute[0]}.{gpu.compute[1]}.0"
+    drv = ".".join((driver_version.split(".") + ["0", "0"])[:3])
+    cuda = ".".join((cuda_version.split(".") + ["0", "0"])[:3])
+    devices = []
+    for minor in range(gpu.count):
+        gpu_uuid = "GPU-" + _uuid_for(node, str(minor))
+        bus = f"0000:{0x18 + 0x10 * minor:02x}:00.0"
+        common = {
+            "productName": {"string": name}, "brand": {"string": brand}, "architecture": {"string": arch},
+            "cudaComputeCapability": {"version": cc}, "driverVersion": {"version": drv},
+            "cudaDriverVersion": {"version": cuda}, "pcieBusID": {"string": bus},
+            "addressingMode": {"string": "None"},
+            PCIE_ROOT: {"string": f"pci0000:{0x10 * (minor // 2):02x}"},
+        }
+        if not mig:
+            devices.append({"name": f"gpu-{minor}", "attributes": {
+                "type": {"string": "gpu"}, "uuid": {"string": gpu_uuid}, **common},
+                "capacity": {"memory": {"value": f"{gpu.memory_mib}Mi"}}})
+            continue
+        for profile, start, size in placements(mig.profiles, gpu.product):
+            prof = known.mig_profile(profile) if known else None
+            g = int(profile.split("g.")[0])
+            gi = _GI_PROFILE_IDS.get((g, size), 0)
+            capacity = {"multiprocessors": {"value": str((known.sms if known else sms) * g // 7)},
+                        "copyEngines": {"value": str(g)}, "decoders": {"value": "0"}, "encoders": {"value": "0"},
+                        "jpegEngines": {"value": "0"}, "ofaEngines": {"value": "0"},
+                        "memory": {"value": f"{prof.memory_mib if prof else gpu.memory_mib * size // 8}Mi"}}
+            capacity.update({f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)})
+            devices.append({"name": f"gpu-{minor}-mig-{gi}-{start}-{size}", "attributes": {
+                "type": {"string": "mig"}, "uuid": {"string": "MIG-" + _uuid_for(node, str(minor), profile,
+                                                                                   str(start))},
+                "parentUUID": {"string": gpu_uuid}, "profile": {"string": profile}, **common},
+                "capacity": capacity})
+    return devices
+
+
+def resource_slice(node: str, node_uid: str, devices: list[dict], *, index: int = 0, count: int = 1,
+                   generation: int = 1) -> dict:
+    """One ResourceSlice of the node's pool (named after the node, as the kubelet plugin names it)."""
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}] \
+        if node_uid else []
+    return {"apiVersion": API, "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{DRIVER}-{index}", "labels": {SIM_LABEL: "true"},
+                         "ownerReferences": owner},
+            "spec": {"driver": DRIVER, "nodeName": node, "devices": devices,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": count}}}
+
+
+def device_class(name: str) -> dict:
+    selector = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{CLASS_TYPES[name]}'"
+    return {"apiVersion": API, "kind": "DeviceClass",
+            "metadata": {"name": name, "labels": {SIM_LABEL: "true"}},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]}}
+
+
+# ----------------------------------------------------------------------------- claims the suite makes
+
+
+def request(name: str, device_class: str, count: int = 1, selectors: Iterable[str] = ()) -> dict:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}
+    sel = [{"cel": {"expression": e}} for e in selectors]
+    if sel:
+        exactly["selectors"] = sel
+    return {"name": name, "exactly": exactly}
+
+
+def claim_spec(requests: list[dict], match_attribute: str | None = None) -> dict:
+    spec: dict[str, Any] = {"devices": {"requests": requests}}
+    if match_attribute:
+        spec["devices"]["constraints"] = [{"requests": [r["name"] for r in requests],
+                                           "matchAttribute": match_attribute}]
+    return spec
+
+
+def claim(name: str, requests: list[dict], match_attribute: str | None = None) -> dict:
+    return {"apiVersion": API, "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": claim_spec(requests, match_attribute)}
+
+
+def claim_template(name: str, requests: list[dict], match_attribute: str | None = None) -> dict:
+    return {"apiVersion": API, "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": claim_spec(requests, match_attribute)}}
+
+
+def use_claims(pod: dict, claim: str | None = None, template: str | None = None) -> dict:
+    """Make a pod manifest use one ResourceClaim (shared) or one claim from a template (its own)."""
+    ref = {"name": "gpus"}
+    if claim:
+        ref["resourceClaimName"] = claim
+    else:
+        ref["resourceClaimTemplateName"] = template
+    pod["spec"]["resourceClaims"] = [ref]
+    for c in pod["spec"]["containers"]:
+        c.setdefault("resources", {})["claims"] = [{"name": "gpus"}]
+    return pod
+
+
+def allocated(claim_obj: dict) -> list[tuple[str, str, str]]:
+    """(driver, pool, device) of each device allocated to a claim (dict as the API returns it)."""
+    results = (((claim_obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return [(r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results]
+
+
+def reserved_for(claim_obj: dict) -> list[str]:
+    return [r.get("name", "") for r in (claim_obj.get("status") or {}).get("reservedFor") or []]
+
+
+# ----------------------------------------------------------------------------- what a node's slices must say
+
+
+def expected_devices(node) -> tuple[dict[str, int] | None, str]:
+    """Devices NVIDIA's driver must publish for a node, by kind ('gpu' or 'mig:<profile>'), and the source.
+
+    From GFD's labels: MIG-enabled GPUs appear as their MIG devices only (mixed: ``mig-<p>.count``;
+    single: ``gpu.count`` instances of the product's profile), others as whole GPUs (``gpu.count``,
+    which time-slicing does not multiply). Without GFD: the GPUs the instance type or Karpenter
+    labels say. None: nothing on the node says (a DRA-only node without labels).
+    """
+    if node.gfd:
+        if node.mig_strategy == "mixed":
+            counts = {f"mig:{p}": c for p, c in node.mig_count_labels.items() if c}
+            return counts, "nvidia.com/mig-<profile>.count"
+        count = node.count_label
+        if count is None:
+            return None, "nvidia.com/gpu.count (missing)"
+        if node.mig_strategy == "single" and node.single_mig_profile:
+            return {f"mig:{node.single_mig_profile}": count}, "nvidia.com/gpu.count (MIG single strategy)"
+        return {"gpu": count}, "nvidia.com/gpu.count"
+    if node.scheme == "dra" or node.physical_count is None:
+        return None, "nothing but the slices themselves"
+    return {"gpu": node.physical_count}, node.count_source
+
+
+def published_devices(node) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in node.dra_devices:
+        kind = f"mig:{d.profile}" if d.type == "mig" else d.type or "(no type)"
+        out[kind] = out.get(kind, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def attribute_mismatches(node) -> tuple[list[str], list[str]]:
+    """(disagreements, what was compared) between each published device and the node's labels.
+
+    Where GFD labels a fact, the device must say the same: product (``gpu.product`` without its
+    ``-SHARED``/``-MIG-`` suffix), memory (``gpu.memory``; a MIG device: ``mig-<p>.memory``),
+    architecture (``gpu.family``), compute capability (``gpu.compute.major/minor``) and driver version
+    (``cuda.driver-version.full``). Where no label says, the product catalog must find it plausible.
+    """
+    lab = node.labels
+    product_label = catalog.base_product(lab.get("nvidia.com/gpu.product", "")) if node.gfd else ""
+    known = catalog.lookup(product_label) if product_label else None
+    family = lab.get("nvidia.com/gpu.family", "")
+    cmaj, cmin = lab.get("nvidia.com/gpu.compute.major"), lab.get("nvidia.com/gpu.compute.minor")
+    driver = node.driver_version if node.gfd else ""
+    whole_mem = _int(lab.get("nvidia.com/gpu.memory")) if node.mig_strategy == "none" else None
+    bad, compared = [], set()
+    for d in node.dra_devices:
+        where = f"{d.name}"
+        known_here = known or catalog.lookup(d.product)
+        if product_label:
+            compared.add("productName vs nvidia.com/gpu.product")
+            if d.product != product_label:
+                bad.append(f"{where} productName {d.attributes.get('productName')!r} (as a label "
+                           f"{d.product!r}) != nvidia.com/gpu.product {product_label!r}")
+        elif known_here is None:
+            bad.append(f"{where} productName {d.attributes.get('productName')!r} is not a product gpuproof knows")
+        mem = d.memory_mib
+        if d.type == "mig":
+            want = _int(lab.get(f"nvidia.com/mig-{d.profile}.memory"))
+            if want is None and node.mig_strategy == "single":
+                want = _int(lab.get("nvidia.com/gpu.memory"))
+            if want is not None:
+                compared.add("MIG memory vs nvidia.com/mig-<profile>.memory")
+                if mem is None or abs(mem - want) > 1:
+                    bad.append(f"{where} memory {d.capacity.get('memory')} ({mem} MiB) != {want} MiB labelled "
+                               f"for {d.profile}")
+            elif known_here is not None:
+                prof = known_here.mig_profile(d.profile)
+                if prof is None or mem is None or not prof.memory_plausible(mem):
+                    bad.append(f"{where} MIG {d.profile} with {mem} MiB is not a {known_here.label} profile")
+        elif whole_mem is not None:
+            compared.add("memory vs nvidia.com/gpu.memory")
+            if mem is None or abs(mem - whole_mem) > 1:
+                bad.append(f"{where} memory {d.capacity.get('memory')} ({mem} MiB) != nvidia.com/gpu.memory "
+                           f"{whole_mem} MiB")
+        elif known_here is not None and (mem is None or not known_here.memory_plausible(mem)):
+            bad.append(f"{where} memory {mem} MiB is implausible for {known_here.label} "
+                       f"(catalog: {known_here.memory_mib} MiB)")
+        arch = str(d.attributes.get("architecture", ""))
+        want_family = family or (known_here.family if known_here else "")
+        if want_family:
+            compared.add("architecture vs nvidia.com/gpu.family" if family else "architecture vs catalog")
+            if arch != ARCHITECTURES.get(want_family, want_family):
+                bad.append(f"{where} architecture {arch!r} != {ARCHITECTURES.get(want_family, want_family)!r} "
+                           f"({'nvidia.com/gpu.family ' + family if family else 'catalog'})")
+        cc = version_key(str(d.attributes.get("cudaComputeCapability", "")))[:2]
+        want_cc = (int(cmaj), int(cmin)) if (cmaj or "").isdigit() and (cmin or "").isdigit() else \
+            (known_here.compute if known_here else None)
+        if want_cc:
+            compared.add("cudaComputeCapability vs nvidia.com/gpu.compute.*" if cmaj else
+                         "cudaComputeCapability vs catalog")
+            if cc != tuple(want_cc):
+                bad.append(f"{where} cudaComputeCapability {d.attributes.get('cudaComputeCapability')!r} != "
+                           f"{want_cc[0]}.{want_cc[1]}")
+        if driver:
+            compared.add("driverVersion vs nvidia.com/cuda.driver-version.full")
+            if version_key(str(d.attributes.get("driverVersion", ""))) != version_key(driver):
+                bad.append(f"{where} driverVersion {d.attributes.get('driverVersion')!r} != {driver!r}")
+    return bad, sorted(compared)
+
+
+def duplicates(devices: Iterable[Device]) -> list[str]:
+    """Devices published twice: a UUID in more than one device, or a name twice in one driver's pool."""
+    by_uuid: dict[str, list[str]] = {}
+    by_name: dict[tuple[str, str, str], list[str]] = {}
+    for d in devices:
+        if d.uuid:
+            by_uuid.setdefault(d.uuid, []).append(f"{d.ref} (slice {d.slice})")
+        by_name.setdefault((d.driver, d.pool, d.name), []).append(d.slice)
+    out = [f"{uuid} published {len(refs)} times: {', '.join(refs)}" for uuid, refs in sorted(by_uuid.items())
+           if len(refs) > 1]
+    out += [f"device {pool}/{name} in {len(slices)} slices of the pool: {', '.join(slices)}"
+            for (_, pool, name), slices in sorted(by_name.items()) if len(slices) > 1]
+    return out
+
+
+def _int(value) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------- claims on a live cluster
+
+
+def claims_of_pod(run, pod) -> list[dict]:
+    """The ResourceClaims a pod uses (its own from a template, or shared ones), as API JSON."""
+    names = [s.resource_claim_name for s in (pod.status.resource_claim_statuses or []) if s.resource_claim_name]
+    names += [r.resource_claim_name for r in (pod.spec.resource_claims or []) if r.resource_claim_name]
+    out = []
+    for name in names:
+        obj = run.cluster.custom.get_namespaced_custom_object(GROUP, VERSION, run.namespace, "resourceclaims", name)
+        out.append(obj)
+    return out
+
+
+def allocated_elsewhere(cluster, exclude_namespace: str = "") -> set[tuple[str, str]]:
+    """(pool, device) of every device allocated to a claim anywhere (but ``exclude_namespace``)."""
+    items = cluster.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")["items"]
+    return {(pool, dev) for c in items if c["metadata"].get("namespace") != exclude_namespace
+            for drv, pool, dev in allocated(c) if drv == DRIVER}
+
+
+def describe_allocation(claims: list[dict], devices: dict[tuple[str, str], Device]) -> str:
+    parts = []
+    for c in claims:
+        got = allocated(c)
+        name = c["metadata"]["name"]
+        if not got:
+            parts.append(f"claim {name}: not allocated")
+            continue
+        for drv, pool, dev in got:
+            d = devices.get((pool, dev))
+            extra = f" ({d.attributes.get('productName')}{', ' + d.profile if d.profile else ''})" if d else ""
+            parts.append(f"claim {name}: {pool}/{dev}{extra}")
+    return "; ".join(parts) or "no claims"

@@ -1,0 +1,315 @@
+"""GPUs through Dynamic Resource Allocation: NVIDIA's DRA driver's DeviceClasses, ResourceSlices and claims.
+
+What the driver publishes must agree with the node (device counts and attributes against GFD's
+labels or the product catalog, no device twice), its DeviceClasses must exist, and the scheduler
+must allocate claims the way users write them: one GPU, a CEL selector on product, memory or
+compute capability, a claim shared by two pods, one claim per pod from a template, two devices
+with ``matchAttribute``, MIG devices by profile, and a node's devices used up and freed again.
+Skipped, with the reason, where the cluster serves no ``resource.k8s.io/v1`` or publishes no
+``gpu.nvidia.com`` devices.
+"""
+
+import pytest
+
+from gpuproof import dra
+from gpuproof.pytest_plugin import for_nodes
+from gpuproof.suite import TOLERATE_ALL, pod, pod_outcome, settled
+
+FEATURE = "dra"
+GPU_TYPE = f"device.attributes['{dra.DRIVER}'].type"
+
+
+def _need_dra(discovery, check, what: str = "dra"):
+    if discovery.dra_devices is None:
+        check.skip(what, "the cluster serves no resource.k8s.io/v1 ResourceSlices, or we may not list them")
+    if not discovery.dra_devices:
+        check.skip(what, f"no node publishes {dra.DRIVER} devices (NVIDIA's DRA driver is not installed)")
+
+
+def _devices(discovery) -> dict[tuple[str, str], dra.Device]:
+    return {(d.pool, d.name): d for d in discovery.dra_devices or []}
+
+
+def _free(discovery, target, run, kind: str = "gpu") -> dict[str, list[dra.Device]]:
+    """node -> its devices of a kind ('gpu' or a MIG profile) that no claim holds, on placeable DRA nodes."""
+    taken = dra.allocated_elsewhere(target.cluster, exclude_namespace="")
+    out = {}
+    for n in discovery.dra_placeable:
+        free = [d for d in n.dra_devices if (d.type == kind or d.profile == kind) and (d.pool, d.name) not in taken]
+        if free:
+            out[n.name] = free
+    return out
+
+
+def _claim_pod(name: str, template: str | None = None, claim: str | None = None, node: str | None = None) -> dict:
+    return dra.use_claims(pod(name, tolerations=TOLERATE_ALL, node=node), claim=claim, template=template)
+
+
+def _placed(run, scratch, target, name: str, manifest: dict, seconds: float = 90):
+    scratch.create(manifest)
+    return run.wait_pod(name, settled, target.timeout(seconds), "to be placed or refused")
+
+
+def _allocation_ok(run, p, devices, want) -> tuple[bool, str]:
+    """Pod running, every claim allocated, each device on the pod's node and satisfying ``want``."""
+    claims = dra.claims_of_pod(run, p)
+    desc = f"{pod_outcome(p)}; {dra.describe_allocation(claims, devices)}"
+    if p.status.phase != "Running" or not claims:
+        return False, desc
+    for c in claims:
+        got = dra.allocated(c)
+        if not got:
+            return False, desc
+        for _, pool, dev in got:
+            d = devices.get((pool, dev))
+            if d is None or d.node != p.spec.node_name or not want(d):
+                return False, desc
+    return True, desc
+
+
+# ---------------------------------------------------------------------------- what is published
+
+
+def test_device_classes_exist(discovery, check):
+    _need_dra(discovery, check, "dra-deviceclass")
+    if discovery.device_classes is None:
+        check.skip("dra-deviceclass", "we may not list DeviceClasses")
+    types = sorted({d.type for d in discovery.dra_devices})
+    admits = {c["metadata"]["name"]: dra.class_selects_type(c) for c in discovery.device_classes}
+    for kind in types:
+        classes = sorted(name for name, t in admits.items() if t == kind)
+        published = sum(d.type == kind for d in discovery.dra_devices)
+        check.true("dra-deviceclass", bool(classes),
+                   expected=f"a DeviceClass selecting {dra.DRIVER} devices of type {kind!r} "
+                            f"(NVIDIA's chart: {next((n for n, t in dra.CLASS_TYPES.items() if t == kind), '-')})",
+                   actual=", ".join(classes) or f"none among {sorted(admits) or 'no DeviceClasses'}",
+                   what=f"DeviceClass for the {published} published {kind} devices", target=f"type/{kind}")
+    for name, kind in sorted(dra.CLASS_TYPES.items()):
+        if name in admits:
+            check.equal("dra-deviceclass-selector", kind, admits[name],
+                        what=f"device type DeviceClass {name} selects", target=f"deviceclass/{name}")
+
+
+@for_nodes(lambda n: n.dra)
+def test_slices_match_node(gpu_node, check):
+    expected, source = dra.expected_devices(gpu_node)
+    if expected is None:
+        check.skip("dra-device-count", f"{gpu_node.name}: {source} says how many GPUs it has")
+    check.equal("dra-device-count", expected, dra.published_devices(gpu_node),
+                what=f"{dra.DRIVER} devices published by kind, against {source}")
+
+
+@for_nodes(lambda n: n.dra)
+def test_device_attributes_agree(gpu_node, check):
+    bad, compared = dra.attribute_mismatches(gpu_node)
+    check.true("dra-attributes", not bad, expected=f"every device agrees ({'; '.join(compared) or 'catalog'})",
+               actual="; ".join(bad[:6]) + (f"; and {len(bad) - 6} more" if len(bad) > 6 else "") or "agree",
+               what=f"attributes of {len(gpu_node.dra_devices)} published devices")
+
+
+def test_no_device_published_twice(discovery, check):
+    _need_dra(discovery, check, "dra-unique")
+    dupes = dra.duplicates(discovery.dra_devices)
+    check.true("dra-unique", not dupes, expected="each device (UUID, and name within its pool) once",
+               actual="; ".join(dupes[:5]) or f"{len(discovery.dra_devices)} distinct devices",
+               what="devices of every ResourceSlice")
+
+
+@for_nodes(lambda n: n.offers == "both")
+def test_not_offered_twice(gpu_node, check):
+    gpus = gpu_node.allocatable_of("nvidia.com/gpu") or 0
+    check.warn("dra-and-device-plugin",
+               f"GPUs offered through both the device plugin ({gpus} nvidia.com/gpu) and DRA "
+               f"({len(gpu_node.dra_devices)} {dra.DRIVER} devices): the two do not know of each other's "
+               "allocations and can hand out the same GPU twice", expected="one way", actual="both")
+
+
+# ---------------------------------------------------------------------------- what the scheduler does
+
+
+@pytest.mark.places_pods
+def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-claim-allocated")
+    devices = _devices(discovery)
+    free = _free(discovery, target, run)
+    products = sorted({d.attributes.get("productName") for ds in free.values() for d in ds})
+    if not products:
+        check.skip("dra-claim-allocated", "no free whole GPU published through DRA on a node that takes pods")
+    for i, product in enumerate(products):
+        sel = f"device.attributes['{dra.DRIVER}'].productName == '{product}'"
+        scratch.create(dra.claim_template(f"one-{i}", [dra.request("gpu", dra.GPU_CLASS, 1, [sel])]))
+        p = _placed(run, scratch, target, f"one-gpu-{i}", _claim_pod(f"one-gpu-{i}", template=f"one-{i}"))
+        ok, desc = _allocation_ok(run, p, devices, lambda d, want=product: d.attributes.get("productName") == want)
+        check.true("dra-claim-allocated", ok, expected=f"Running, 1 {product} allocated on the pod's node",
+                   actual=desc, what=f"a pod with a claim for one {product}",
+                   target=f"product/{product.replace(' ', '-')}")
+    scratch.create(dra.claim_template("nothing", [dra.request(
+        "gpu", dra.GPU_CLASS, 1, [f"device.attributes['{dra.DRIVER}'].productName == 'gpuproof-no-such-gpu'"])]))
+    p = _placed(run, scratch, target, "no-gpu", _claim_pod("no-gpu", template="nothing"), 60)
+    outcome = pod_outcome(p)
+    check.true("dra-unsatisfiable-waits", outcome.startswith("unschedulable") and "claim" in outcome,
+               expected="Pending, the scheduler saying it cannot allocate the claim", actual=outcome,
+               what="a pod whose claim no device satisfies", target="cluster")
+
+
+@pytest.mark.places_pods
+def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-cel")
+    devices = _devices(discovery)
+    free = [d for ds in _free(discovery, target, run).values() for d in ds]
+    if not free:
+        check.skip("dra-cel", "no free whole GPU published through DRA on a node that takes pods")
+    top_mem = max(d.memory_mib or 0 for d in free)
+    top_cc = max(dra.version_key(str(d.attributes.get("cudaComputeCapability", ""))) for d in free)
+    product = sorted({d.attributes.get("productName") for d in free})[0]
+    cc_text = ".".join(map(str, (top_cc + (0, 0, 0))[:3]))
+    cases = [
+        ("product", f"device.attributes['{dra.DRIVER}'].productName == '{product}'",
+         lambda d: d.attributes.get("productName") == product, f"productName == {product}"),
+        ("memory", f"device.capacity['{dra.DRIVER}'].memory.compareTo(quantity('{top_mem}Mi')) >= 0",
+         lambda d: (d.memory_mib or 0) >= top_mem, f"memory >= {top_mem}Mi"),
+        ("compute", f"device.attributes['{dra.DRIVER}'].cudaComputeCapability.compareTo(semver('{cc_text}')) >= 0",
+         lambda d: dra.version_key(str(d.attributes.get("cudaComputeCapability", ""))) >= top_cc,
+         f"cudaComputeCapability >= {cc_text}"),
+    ]
+    for key, expr, want, rule in cases:
+        k = min(3, sum(want(d) for d in free))
+        scratch.create(dra.claim_template(f"cel-{key}", [dra.request("gpu", dra.GPU_CLASS, 1, [expr])]))
+        for i in range(k):
+            name = f"cel-{key}-{i}"
+            p = _placed(run, scratch, target, name, _claim_pod(name, template=f"cel-{key}"))
+            ok, desc = _allocation_ok(run, p, devices, want)
+            check.true(f"dra-cel-{key}", ok, expected=f"Running on a device with {rule}", actual=desc,
+                       what=f"pod {i + 1} of {k} selecting {rule}", target=f"selector/{key}")
+
+
+@pytest.mark.places_pods
+def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-shared-claim")
+    devices = _devices(discovery)
+    free = _free(discovery, target, run)
+    if not free:
+        check.skip("dra-shared-claim", "no free whole GPU published through DRA on a node that takes pods")
+    scratch.create(dra.claim("shared-gpu", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    pods = [_placed(run, scratch, target, n, _claim_pod(n, claim="shared-gpu")) for n in ("share-a", "share-b")]
+    claim = target.cluster.custom.get_namespaced_custom_object(dra.GROUP, dra.VERSION, run.namespace,
+                                                              "resourceclaims", "shared-gpu")
+    got = dra.allocated(claim)
+    nodes = {p.spec.node_name for p in pods}
+    ok = all(p.status.phase == "Running" for p in pods) and len(got) == 1 and len(nodes) == 1 and \
+        sorted(dra.reserved_for(claim)) == ["share-a", "share-b"]
+    check.true("dra-shared-claim", ok, expected="both pods Running on one node, one device, reserved for both",
+               actual=f"{'; '.join(pod_outcome(p) for p in pods)}; {dra.describe_allocation([claim], devices)}; "
+                      f"reserved for {dra.reserved_for(claim)}", what="one ResourceClaim used by two pods",
+               target="cluster")
+    k = min(4, sum(len(v) for v in free.values()) - 1)
+    scratch.create(dra.claim_template("own-gpu", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    mine = [_placed(run, scratch, target, f"own-{i}", _claim_pod(f"own-{i}", template="own-gpu")) for i in range(k)]
+    held = [r for p in mine for c in dra.claims_of_pod(run, p) for r in dra.allocated(c)]
+    check.true("dra-template-distinct", all(p.status.phase == "Running" for p in mine) and len(held) == k
+               and len(set(held)) == k, expected=f"{k} pods Running on {k} distinct devices",
+               actual=f"{sum(p.status.phase == 'Running' for p in mine)} Running, devices "
+                      f"{sorted(f'{pool}/{dev}' for _, pool, dev in held)}",
+               what="pods each with its own claim from one ResourceClaimTemplate", target="cluster")
+
+
+@pytest.mark.places_pods
+def test_two_devices_with_match_attribute(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-match-attribute")
+    devices = _devices(discovery)
+    roomy = {n: ds for n, ds in _free(discovery, target, run).items() if len(ds) >= 2}
+    if not roomy:
+        check.skip("dra-match-attribute", "no node with two free whole GPUs published through DRA")
+    attr = f"{dra.DRIVER}/productName"
+    scratch.create(dra.claim_template("pair", [dra.request("gpus", dra.GPU_CLASS, 2)], match_attribute=attr))
+    p = _placed(run, scratch, target, "pair", _claim_pod("pair", template="pair"))
+    claims = dra.claims_of_pod(run, p)
+    got = [devices.get((pool, dev)) for c in claims for _, pool, dev in dra.allocated(c)]
+    ok = p.status.phase == "Running" and len(got) == 2 and all(got) and \
+        {d.node for d in got} == {p.spec.node_name} and len({d.attributes.get("productName") for d in got}) == 1
+    check.true("dra-match-attribute", ok, expected=f"Running with 2 devices on its node, one {attr}",
+               actual=f"{pod_outcome(p)}; {dra.describe_allocation(claims, devices)}",
+               what=f"a pod asking 2 GPUs with matchAttribute {attr}", target="cluster")
+
+
+@pytest.mark.places_pods
+def test_mig_devices_by_profile(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-mig-placement")
+    devices = _devices(discovery)
+    where: dict[str, set[str]] = {}
+    for d in discovery.dra_devices:
+        if d.type == "mig":
+            where.setdefault(d.profile, set()).add(d.node)
+    if not where:
+        check.skip("dra-mig-placement", f"no node publishes MIG devices through {dra.DRIVER}")
+    taken = dra.allocated_elsewhere(target.cluster)
+    for i, (profile, nodes) in enumerate(sorted(where.items())):
+        if all((d.pool, d.name) in taken for d in discovery.dra_devices if d.profile == profile):
+            check.record("dra-mig-placement", "skip", message=f"every {profile} device is allocated to other claims",
+                         target=f"profile/{profile}")
+            continue
+        sel = f"device.attributes['{dra.DRIVER}'].profile == '{profile}'"
+        scratch.create(dra.claim_template(f"mig-{i}", [dra.request("mig", dra.MIG_CLASS, 1, [sel])]))
+        p = _placed(run, scratch, target, f"mig-{i}", _claim_pod(f"mig-{i}", template=f"mig-{i}"))
+        ok, desc = _allocation_ok(run, p, devices, lambda d, want=profile: d.type == "mig" and d.profile == want)
+        check.true("dra-mig-placement", ok and p.spec.node_name in nodes,
+                   expected=f"Running on one of {sorted(nodes)} with a {profile} MIG device", actual=desc,
+                   what=f"a pod claiming a {profile} device of class {dra.MIG_CLASS}", target=f"profile/{profile}")
+    sel = f"device.attributes['{dra.DRIVER}'].profile == '7g.999gb'"
+    scratch.create(dra.claim_template("mig-absent", [dra.request("mig", dra.MIG_CLASS, 1, [sel])]))
+    p = _placed(run, scratch, target, "mig-absent", _claim_pod("mig-absent", template="mig-absent"), 60)
+    check.true("dra-mig-absent-waits", pod_outcome(p).startswith("unschedulable"),
+               expected="Pending: no node publishes that profile", actual=pod_outcome(p),
+               what="a pod claiming a MIG profile no node has", target="cluster")
+
+
+@pytest.mark.places_pods
+def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, check):
+    _need_dra(discovery, check, "dra-exhaust")
+    free = _free(discovery, target, run)
+    if not free:
+        check.skip("dra-exhaust", "no free whole GPU published through DRA on a node that takes pods")
+    node = min(free, key=lambda n: (len(free[n]), n))
+    count = len(free[node])
+    scratch.create(dra.claim_template("fill", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    names = [f"fill-{i}" for i in range(count + 1)]
+    for name in names:
+        scratch.create(_claim_pod(name, template="fill", node=node))
+    pods = run.wait_pods(lambda c: [c[n] for n in names] if all(n in c and settled(c[n]) for n in names) else None,
+                         target.timeout(120), f"{count + 1} pods pinned to {node} to be placed or refused")
+    running = [p.metadata.name for p in pods if p.status.phase == "Running"]
+    waiting = [p.metadata.name for p in pods if pod_outcome(p).startswith("unschedulable")]
+    check.true("dra-exhaust", len(running) == count and len(waiting) == 1,
+               expected=f"{count} Running (the node's free devices), 1 Pending",
+               actual=f"{len(running)} Running, {len(waiting)} Pending ({'; '.join(pod_outcome(p) for p in pods)})",
+               what=f"{count + 1} pods each claiming one GPU on {node}", target=node)
+    if len(waiting) != 1 or not running:
+        return
+    scratch.delete_pod(running[0])
+    p = run.wait_pod(waiting[0], lambda x: x.status.phase == "Running", target.timeout(90),
+                     f"to run once pod {running[0]}'s claim is freed")
+    check.true("dra-freed-claim-reused", p.status.phase == "Running", expected="Running after a claim was freed",
+               actual=pod_outcome(p), what=f"the waiting pod on {node}", target=node)
+
+
+def test_container_sees_exactly_its_devices(discovery, run, target, check, needs_real_gpus):
+    """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
+    _need_dra(discovery, check, "dra-probe-uuid")
+    from gpuproof import workloads
+    from gpuproof.suite import nvml_device_ids
+
+    devices = _devices(discovery)
+    if not _free(discovery, target, run):
+        check.skip("dra-probe-uuid", "no free whole GPU published through DRA on a node that takes pods")
+    run.try_apply(workloads.configmap(labels=run.labels, namespace=run.namespace))
+    run.apply(dra.claim_template("probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    manifest = workloads.workload_pod("dra-probe", "probe.py", labels=run.labels, namespace=run.namespace, gpus=0)
+    run.apply(dra.use_claims(manifest, template="probe-one"))
+    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
+                     "to finish (image pull included)")
+    want = sorted(devices[(pool, dev)].uuid for c in dra.claims_of_pod(run, p) for _, pool, dev in dra.allocated(c)
+                  if (pool, dev) in devices)
+    seen = sorted(nvml_device_ids(workloads.parse_result(run.pod_logs("dra-probe"), what="probe pod dra-probe")))
+    check.equal("dra-probe-uuid", want, seen, what="NVML UUIDs in the pod vs the claim's allocated device",
+                target=p.spec.node_name)
+
