@@ -315,6 +315,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                 describe: Callable[[dict], str] | None = None, **list_kwargs) -> Any:
     """List, then watch, keeping a name -> object cache, until done(cache) is truthy.
 
+    ``list_fn`` returns model objects (CoreV1Api) or API JSON (CustomObjectsApi: the cache then holds dicts).
     Returns done's value. Raises WaitTimeout naming ``what`` and the last state.
     """
     deadline = time.monotonic() + timeout
@@ -323,6 +324,10 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
     def relist() -> str:
         cache.clear()
         resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout)))
+        if isinstance(resp, dict):
+            for item in resp.get("items") or []:
+                cache[item["metadata"]["name"]] = item
+            return resp["metadata"]["resourceVersion"]
         for item in resp.items:
             cache[item.metadata.name] = item
         return resp.metadata.resource_version
@@ -348,11 +353,13 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv) if isinstance(obj, dict) \
                         else obj.metadata.resource_version
                     continue
-                rv = obj.metadata.resource_version
+                meta = obj["metadata"] if isinstance(obj, dict) else None
+                rv = meta["resourceVersion"] if meta else obj.metadata.resource_version
+                name = meta["name"] if meta else obj.metadata.name
                 if ev["type"] == "DELETED":
-                    cache.pop(obj.metadata.name, None)
+                    cache.pop(name, None)
                 else:
-                    cache[obj.metadata.name] = obj
+                    cache[name] = obj
                 result = done(cache)
                 if result:
                     w.stop()

@@ -153,9 +153,11 @@ class Scratch:
         self.claims.clear()
         from .cluster import watch_until
 
-        watch_until(res.list_namespaced_resource_claim, lambda c: not c, self.timeout,
+        # the client's ResourceV1Api cannot decode watch events (it asks for a V1ResourceClaim model it lacks)
+        watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not c, self.timeout,
                     f"the test's ResourceClaims in {run.namespace} to be deallocated and deleted",
-                    describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}", namespace=run.namespace)
+                    describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}",
+                    group="resource.k8s.io", version="v1", namespace=run.namespace, plural="resourceclaims")
 
     def _delete_pods(self) -> None:
         for name in self.names:

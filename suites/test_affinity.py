@@ -48,6 +48,7 @@ def _land(run, scratch, target, name, manifest):
     return run.wait_pod(name, settled, target.timeout(90), "to be placed or refused by the scheduler")
 
 
+@pytest.mark.creates("Pod", "selector-{slug}", requests="{device}", note="nodeSelector on the product's labels")
 def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
     selector, churn = _selector(nodes, check, "node-selector-product", run, target)
@@ -61,6 +62,7 @@ def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, 
                 target=f"product/{gpu_product}", churn=churn)
 
 
+@pytest.mark.creates("Pod", "required-{slug}", requests="{device}", note="required affinity on the product's labels")
 def test_required_affinity_by_product(gpu_product, discovery, run, scratch, target, check):
     nodes = _product_nodes(discovery, gpu_product)
     selector, churn = _selector(nodes, check, "required-affinity-product", run, target)
@@ -75,6 +77,8 @@ def test_required_affinity_by_product(gpu_product, discovery, run, scratch, targ
                 target=f"product/{gpu_product}", churn=churn)
 
 
+@pytest.mark.creates("Pod", "preferred-<i>", "free GPUs of the preferred product + 1 (at most 17)", on="any",
+                      requests="1 nvidia.com/gpu", note="prefer the GPU product with the fewest free GPUs")
 def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, target, check):
     # products whose nodes take plain one-GPU pods; prefer the one with the fewest free slots
     whole = [n for n in discovery.placeable if n.gpu_resource == "nvidia.com/gpu" and n.mig_strategy != "mixed"
@@ -113,8 +117,11 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
                churn=churn)
 
 
+@pytest.mark.creates("Pod", "memory-gt", on="any", note="nvidia.com/gpu.memory Gt the second-largest value")
+@pytest.mark.creates("Pod", "memory-gt-none", on="any", note="nvidia.com/gpu.memory Gt the largest: stays Pending")
 def test_memory_greater_than(discovery, run, scratch, target, check):
-    mem = {n.name: n.memory_mib for n in discovery.placeable if n.memory_mib}
+    # the pods ask no GPU: every GPU node pods can land on counts, DRA-only ones too
+    mem = {n.name: n.memory_mib for n in discovery.gpu_nodes if n.memory_mib and not n.unfit_for_placement}
     if len(set(mem.values())) < 2:
         check.skip("memory-gt", "needs GPU nodes with at least two different nvidia.com/gpu.memory values")
     threshold = sorted(set(mem.values()))[-2]          # only the largest-memory GPUs are above it

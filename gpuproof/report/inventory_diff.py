@@ -224,10 +224,16 @@ def changes_table(changes: list[Change]) -> Table:
     return table
 
 
+def _dra_cell(node: dict) -> str:
+    """'8 devices (gpu)' where NVIDIA's DRA driver publishes devices for the node; '' where it does not."""
+    count = node.get("dra_devices") or 0
+    return f"{count} devices ({node.get('dra_device_types') or '?'})" if count else ""
+
+
 def fleet_table(inventory: dict) -> Table:
     """Nodes grouped by pool and configuration: one row per distinct combination."""
     table = Table(["pool", "nodes", "product", "GPUs/node", "memory (MiB)", "driver", "CUDA", "sharing", "MIG",
-                   "GPU capacity", "taints"], align="lrlrrllllrl")
+                   "GPU capacity", "DRA", "taints"], align="lrlrrllllrll")
     groups: dict[tuple, list[str]] = {}
     for n in inventory.get("nodes") or []:
         gpu_res = {k: v for k, v in (n.get("capacity") or {}).items() if k.startswith("nvidia.com/")}
@@ -238,7 +244,7 @@ def fleet_table(inventory: dict) -> Table:
                str(n.get("gpu_count") or ""), str(n.get("gpu_memory_mib") or ""), n.get("driver_version") or "",
                n.get("cuda_version") or "", sharing, n.get("mig_strategy") or "",
                ", ".join(f"{k.removeprefix('nvidia.com/')}={v}" for k, v in sorted(gpu_res.items())),
-               ", ".join(n.get("taints") or []))
+               _dra_cell(n), ", ".join(n.get("taints") or []))
         groups.setdefault(key, []).append(n.get("name", "?"))
     for key, names in sorted(groups.items()):
         table.add(key[0], str(len(names)), *key[1:])
