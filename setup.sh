@@ -38,3 +38,13 @@ fi
 
 echo "[setup] control plane (first build takes 10-15 minutes on 2 cores, then it is cached)"
 .venv/bin/gpuproof sim build
+
+# ---- check tools (issue #11): kindcheck (kind's config validation), kind, actionlint ---------------
+# Built from pinned Go modules into ~/.cache/gpuproof/tools (about 20 s the first time, then cached).
+# gpuproof's tests use them to check kind-configs/ and ci-templates/ (see gpuproof/tools.py).
+echo "[setup] check tools (kindcheck, kind, actionlint)"
+if ! .venv/bin/python -m gpuproof.tools build; then
+  command -v go >/dev/null 2>&1 && exit 1
+  echo "[setup] no Go: the check tools are not built (their tests skip; GPUPROOF_REQUIRE_TOOLS=1 fails them)"
+fi
+# ---- end of check tools ------------------------------------------------------------------------------

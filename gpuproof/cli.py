@@ -14,6 +14,7 @@ from .errors import GpuproofError
 # sets func=callable(args) -> int. Modules are imported lazily so --help stays fast.
 COMMAND_MODULES = [
     "gpuproof.commands.run",      # gpuproof run: the acceptance suite (+ benchmarks)
+    "gpuproof.commands.plan",     # gpuproof plan: what a run would create, where (creates nothing)
     "gpuproof.sim.cli",           # gpuproof sim up|status|down|build
     "gpuproof.commands.clean",    # gpuproof clean
     "gpuproof.bench.cli",         # gpuproof bench --local ...
@@ -33,6 +34,7 @@ EPILOG = """\
 examples:
   gpuproof run                          suite against the embedded cluster (mixed fleet)
   gpuproof run --kubeconfig ~/.kube/config --context prod-gpu
+  gpuproof plan --kubeconfig ~/.kube/config --context prod-gpu   what a run would create (creates nothing)
   gpuproof sim up --fleet mixed          keep an embedded cluster running
   gpuproof bench --local matmul         benchmark this machine's GPU (or CPU)
   gpuproof report compare reports/A reports/B

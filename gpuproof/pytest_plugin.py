@@ -27,13 +27,7 @@ from .results import CheckRecord, RunDir, new_run_id
 
 REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 
-# (verb, resource, API group) a run needs; checked before anything is created
-NEEDED_PERMISSIONS = [
-    ("list", "nodes", ""), ("list", "pods", ""), ("create", "namespaces", ""), ("delete", "namespaces", ""),
-    ("create", "pods", ""), ("delete", "pods", ""), ("get", "pods/log", ""), ("create", "configmaps", ""),
-    ("create", "resourcequotas", ""), ("create", "limitranges", ""), ("list", "events", ""),
-    ("create", "priorityclasses", "scheduling.k8s.io"), ("delete", "priorityclasses", "scheduling.k8s.io"),
-]
+pytest_plugins = ["gpuproof.progress", "gpuproof.plan"]   # progress lines + ETA; the `creates` marker for plans
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -80,7 +74,11 @@ class Target:
     def __init__(self, config: pytest.Config):
         self.config = config
         opt = config.getoption
-        self.real = bool(opt("--kubeconfig") or opt("--context"))
+        from .providers import choose
+
+        # pytest-kubernetes's --k8s-provider/--k8s-kubeconfig, or gpuproof's --kubeconfig/--context (providers.py)
+        self.choice = choose(opt)
+        self.real = self.choice.real
         self.run_id = opt("--run-id") or new_run_id()
         self.scale = opt("--timeout-scale")
         self.sim = None
@@ -115,8 +113,12 @@ class Target:
 
         try:
             if self.real:
-                self.cluster = connect(self.config.getoption("--kubeconfig"), self.config.getoption("--context"))
-                self.cluster.require_permissions(NEEDED_PERMISSIONS)
+                kubeconfig, context = self.choice.open(self.progress)   # creates a throwaway (kind, ...) cluster
+                self.cluster = connect(kubeconfig, context)
+                from .rbac import preflight, pytest_needs
+
+                # the RBAC rules of gpuproof/rbac.yaml this session needs, before the lease or anything else
+                preflight(self.cluster, pytest_needs(self.config))
                 if not self.config.getoption("--no-lease", False):
                     from .lease import RunLease
 
@@ -126,7 +128,7 @@ class Target:
                 from .fleet import load_fleet
                 from .sim.controlplane import SimCluster, find_free_base
 
-                self.fleet = load_fleet(self.config.getoption("--fleet") or "mixed")
+                self.fleet = load_fleet(self.choice.fleet or "mixed")
                 port = self.config.getoption("--sim-port")
                 base = find_free_base() if port == "auto" else int(port)
                 state = Path(tempfile.mkdtemp(prefix="gpuproof-sim-"))
@@ -160,12 +162,10 @@ class Target:
     def run_dir(self) -> RunDir:
         if self._run_dir is None:
             root = Path(self.config.getoption("--report-dir"))
-            target = "embedded" if not self.real else (
-                f"kubeconfig:{self.config.getoption('--kubeconfig') or '~/.kube/config'}"
-                f"#{self.config.getoption('--context') or ''}")
-            cluster = "embedded" if not self.real else (self.config.getoption("--context") or "")
+            target = self.choice.label()
+            cluster = "embedded" if not self.real else (self.choice.context or self.choice.cluster_name or "")
             self._run_dir = RunDir.create(root, self.run_id, target=target, argv=sys.argv[1:], cluster=cluster,
-                                          fleet=self.config.getoption("--fleet") or ("mixed" if not self.real else ""))
+                                          fleet=(self.choice.fleet or "mixed") if not self.real else "")
         return self._run_dir
 
     def discovery(self, refresh: bool = False):
@@ -226,6 +226,7 @@ class Target:
         if self.sim is not None:
             self.sim.down()
             self.sim = None
+        self.choice.close(self.progress)     # deletes a throwaway cluster this session created
 
 
 _KEY = pytest.StashKey[Target]()
@@ -237,12 +238,15 @@ def get_target(config: pytest.Config) -> Target:
     return config.stash[_KEY]
 
 
+@pytest.hookimpl(tryfirst=True)      # before pytest-kubernetes checks its options (providers.install)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "places_pods: the test places pods, so only GPU nodes that can take pods "
                                        "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
     config.addinivalue_line("markers", "device_plugin: the check is about the device plugin's extended resources, "
                                        "so nodes that offer GPUs only through DRA are not offered to it")
-    get_target(config)
+    from .providers import install
+
+    install(config, get_target(config).choice)
     # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
     if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         def _term(signum, frame):
@@ -264,10 +268,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     t = get_target(config)
-    if t.real:
-        return [f"gpuproof: target cluster from kubeconfig {config.getoption('--kubeconfig') or '(default)'} "
-                f"context {config.getoption('--context') or '(current)'}; run {t.run_id}"]
-    return [f"gpuproof: target embedded cluster, fleet {config.getoption('--fleet') or 'mixed'}; run {t.run_id}"]
+    return [f"gpuproof: target {t.choice.describe()}; run {t.run_id}"]
 
 
 # ---------------------------------------------------------------------------- parametrization
@@ -369,7 +370,12 @@ def discovery(target):
 
 @pytest.fixture(scope="session")
 def gpu_products(discovery) -> dict[str, list[str]]:
-    return discovery.products
+    """Product -> nodes, for the benchmarks: their pods ask nvidia.com/gpu, so DRA-only nodes are left out."""
+    out: dict[str, list[str]] = {}
+    for n in discovery.gpu_nodes:
+        if not n.dra_only:
+            out.setdefault(n.product or "(no product label)", []).append(n.name)
+    return out
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ def test_allreduce_local_cpu(target, run_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.creates(benchmark="allreduce", all_gpus=True, note="products with 2 GPUs or more a node")
 def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, discovery):
     suite.require_real_gpus(target, discovery, gpu_products)
     multi, single = {}, []
@@ -45,6 +46,10 @@ def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, d
 
 
 @pytest.mark.gpu
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("Job", "bench-ar-multi-<product>", "per product with 2+ nodes", on="any",
+                      requests="all GPUs of each node", note="indexed: one pod on each of up to 4 nodes")
+@pytest.mark.creates("Service", "bench-ar-multi-<product>", "per product with 2+ nodes", note="headless")
 def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, discovery):
     suite.require_real_gpus(target, discovery, gpu_products)
     whole = {p: n for p, n in gpu_products.items()

@@ -24,6 +24,7 @@ def test_hbm_local_cpu(target, run_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.creates(benchmark="hbm")
 def test_hbm_per_product(target, run, run_dir, gpu_products, discovery):
     """One pod per GPU product (first node of each), stock PyTorch image, 1 GiB buffers."""
     suite.require_real_gpus(target, discovery, gpu_products)

@@ -42,6 +42,7 @@ def test_inference_local_cpu(target, run_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.creates(benchmark="inference", prefix="infer")
 def test_inference_per_product(target, run, run_dir, gpu_products, discovery):
     suite.require_real_gpus(target, discovery, gpu_products)
     if _endpoint():
@@ -51,6 +52,8 @@ def test_inference_per_product(target, run, run_dir, gpu_products, discovery):
     assert not broken, "\n".join(broken)
 
 
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads", env=URL_ENV)
+@pytest.mark.creates("Pod", "bench-infer-endpoint-load", on="any", env=URL_ENV, note="load generator")
 def test_inference_endpoint(target, run, run_dir):
     """The user's endpoint from a load generator pod in the cluster (real clusters only)."""
     endpoint = _endpoint()

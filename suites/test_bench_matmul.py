@@ -27,6 +27,7 @@ def test_matmul_local_cpu(target, run_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.creates(benchmark="matmul")
 def test_matmul_per_product(target, run, run_dir, gpu_products, discovery):
     """One pod per GPU product (first node of each), stock PyTorch image, all supported dtypes."""
     suite.require_real_gpus(target, discovery, gpu_products)

@@ -20,6 +20,7 @@ def test_probe_local_cpu(target, run_dir):
 
 
 @pytest.mark.gpu
+@pytest.mark.creates(benchmark="probe", all_gpus=True)
 def test_probe_per_product(target, run, run_dir, gpu_products, discovery):
     """A pod with all GPUs of the first node of each product: every GPU visible and computing right."""
     suite.require_real_gpus(target, discovery, gpu_products)

@@ -128,6 +128,11 @@ def test_not_offered_twice(gpu_node, check):
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaimTemplate", "one-<i>", "one per published GPU product",
+                     note="1 device of class gpu.nvidia.com with that productName")
+@pytest.mark.creates("Pod", "one-gpu-<i>", "one per published GPU product", on="any", requests="its claim")
+@pytest.mark.creates("ResourceClaimTemplate", "nothing", note="a productName no device has")
+@pytest.mark.creates("Pod", "no-gpu", on="any", requests="the unsatisfiable claim", note="stays Pending")
 def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-claim-allocated")
     devices = _devices(discovery)
@@ -153,6 +158,9 @@ def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, ch
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaimTemplate", "cel-<product|memory|compute>", 3,
+                     note="CEL on productName, memory >= the largest, cudaComputeCapability >= the highest")
+@pytest.mark.creates("Pod", "cel-<selector>-<i>", "up to 3 per selector", on="any", requests="a claim from it")
 def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-cel")
     devices = _devices(discovery)
@@ -184,6 +192,10 @@ def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, chec
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaim", "shared-gpu", note="1 device of class gpu.nvidia.com")
+@pytest.mark.creates("Pod", "share-a, share-b", 2, on="any", requests="the shared claim")
+@pytest.mark.creates("ResourceClaimTemplate", "own-gpu")
+@pytest.mark.creates("Pod", "own-<i>", "up to 4", on="any", requests="a claim each from own-gpu")
 def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-shared-claim")
     devices = _devices(discovery)
@@ -214,6 +226,8 @@ def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check)
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaimTemplate", "pair", note="2 devices, matchAttribute gpu.nvidia.com/productName")
+@pytest.mark.creates("Pod", "pair", on="any", requests="a claim from pair")
 def test_two_devices_with_match_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-match-attribute")
     devices = _devices(discovery)
@@ -233,6 +247,10 @@ def test_two_devices_with_match_attribute(discovery, run, scratch, target, check
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaimTemplate", "mig-<i>", "one per published MIG profile", note="class mig.nvidia.com")
+@pytest.mark.creates("Pod", "mig-<i>", "one per published MIG profile", on="any", requests="a claim from mig-<i>")
+@pytest.mark.creates("ResourceClaimTemplate", "mig-absent", note="a profile no node has")
+@pytest.mark.creates("Pod", "mig-absent", on="any", requests="a claim from mig-absent", note="stays Pending")
 def test_mig_devices_by_profile(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-mig-placement")
     devices = _devices(discovery)
@@ -264,6 +282,9 @@ def test_mig_devices_by_profile(discovery, run, scratch, target, check):
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("ResourceClaimTemplate", "fill")
+@pytest.mark.creates("Pod", "fill-<i>", "the node's free DRA GPUs + 1", on="any",
+                     requests="a claim each from fill", note="pinned to the DRA node with the fewest free GPUs")
 def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-exhaust")
     free = _free(discovery, target, run)
@@ -292,6 +313,9 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
                actual=pod_outcome(p), what=f"the waiting pod on {node}", target=node)
 
 
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("ResourceClaimTemplate", "probe-one")
+@pytest.mark.creates("Pod", "dra-probe", on="any", requests="a claim from probe-one", note="probe, real GPUs only")
 def test_container_sees_exactly_its_devices(discovery, run, target, check, needs_real_gpus):
     """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
     _need_dra(discovery, check, "dra-probe-uuid")

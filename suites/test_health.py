@@ -35,6 +35,7 @@ def test_health_local_cpu(target, run_dir):
 
 @pytest.mark.gpu
 @pytest.mark.places_pods
+@pytest.mark.creates(benchmark="health", per="node", all_gpus=True, note="at most the node's free GPUs")
 def test_health_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discovery, check):
     """One pod per GPU node with every free GPU of the node (one slice / replica when shared)."""
     node = gpu_node

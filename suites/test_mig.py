@@ -75,6 +75,9 @@ def test_single_strategy_advertisement(gpu_node, check):
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("Pod", "mig-<profile>", "one per advertised MIG profile", on="any",
+                      requests="1 nvidia.com/mig-<profile>")
+@pytest.mark.creates("Pod", "mig-absent", on="any", requests="1 nvidia.com/mig-7g.999gb", note="stays Pending")
 def test_profile_pods_land_only_where_the_profile_exists(discovery, run, scratch, target, check):
     where: dict[str, set[str]] = {}
     for n in discovery.placeable:
@@ -106,6 +109,8 @@ def test_profile_pods_land_only_where_the_profile_exists(discovery, run, scratch
 
 
 @for_nodes(lambda n: n.mig_strategy in ("mixed", "single"))
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("Pod", "mig-probe-{node}-<i>", "up to 4", requests="1 MIG device", note="probe")
 def test_each_pod_gets_its_own_mig_device(gpu_pool, run, target, check, needs_real_gpus):
     node = gpu_pool.nodes[0]
     if node.mig_strategy == "mixed":

@@ -11,6 +11,8 @@ events name the preemptor), never pods that merely went away: other people's pod
 A verdict reached while other people's pods changed on the node is a skip with that reason.
 """
 
+import pytest
+
 from gpuproof.churn import ForeignPods, preemption_victims
 from gpuproof.suite import TOLERATE_ALL, free_on, pod, pod_outcome, settled
 
@@ -59,6 +61,13 @@ def _victims(run, target, preemptor, fill: int) -> set[str]:
     return preemption_victims(target.cluster, uid)
 
 
+@pytest.mark.creates("PriorityClass", "gpuproof-{run}-low", value=LOW)
+@pytest.mark.creates("PriorityClass", "gpuproof-{run}-high", value=HIGH)
+@pytest.mark.creates("PriorityClass", "gpuproof-{run}-never", value=HIGH, policy="Never")
+@pytest.mark.creates("Pod", "low-<i>", "{free}", on=_pick_node, requests="1 {resource}", priority="gpuproof-{run}-low",
+                      note="one per free GPU of the node")
+@pytest.mark.creates("Pod", "preemptor", on=_pick_node, requests="1 {resource}", priority="gpuproof-{run}-high")
+@pytest.mark.creates("Pod", "no-preempt", on=_pick_node, requests="1 {resource}", priority="gpuproof-{run}-never")
 def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch, target, check):
     cluster = target.cluster
     picked = _pick_node(discovery, cluster, run)

@@ -4,6 +4,8 @@ Each check works in a namespace of its own (labelled with the run), so the quota
 cannot affect the rest of the run.
 """
 
+import pytest
+
 from gpuproof.cluster import watch_until
 from gpuproof.suite import pod
 
@@ -22,6 +24,10 @@ def _refused(err) -> str:
         return f"refused (HTTP {err.status})"
 
 
+@pytest.mark.creates("Namespace", "gpuproof-{run}-quota")
+@pytest.mark.creates("ResourceQuota", "gpus", namespace="gpuproof-{run}-quota", note="requests.nvidia.com/gpu: 2")
+@pytest.mark.creates("Pod", "gpu-<i>", "3 (the third is refused)", namespace="gpuproof-{run}-quota", on="any",
+                      requests="1 nvidia.com/gpu")
 def test_resource_quota_limits_gpu_requests(run, target, check):
     ns = run.create_namespace("quota")
     run.apply({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": ns},
@@ -38,6 +44,11 @@ def test_resource_quota_limits_gpu_requests(run, target, check):
                what=f"the third 1-{GPU} pod under a quota of 2", target=f"namespace/{ns}")
 
 
+@pytest.mark.creates("Namespace", "gpuproof-{run}-limits")
+@pytest.mark.creates("LimitRange", "gpus", namespace="gpuproof-{run}-limits", note="max nvidia.com/gpu 1 per container")
+@pytest.mark.creates("Pod", "one", namespace="gpuproof-{run}-limits", on="any", requests="1 nvidia.com/gpu")
+@pytest.mark.creates("Pod", "two", namespace="gpuproof-{run}-limits", on="any", requests="2 nvidia.com/gpu",
+                      note="refused at admission")
 def test_limit_range_caps_gpus_per_container(run, target, check):
     ns = run.create_namespace("limits")
     run.apply({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "gpus", "namespace": ns},

@@ -30,6 +30,7 @@ def _first_tainted(pool):
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("Pod", "no-toleration-{node}", on=_first_tainted, note="no tolerations")
 def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, check):
     node = _first_tainted(gpu_pool)
     if node is None:
@@ -44,6 +45,8 @@ def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, chec
 
 
 @pytest.mark.places_pods
+@pytest.mark.creates("Pod", "tolerating-{node}", on=lambda pool: _first_tainted(pool) or pool.nodes[0],
+                      requests="{device}", note="tolerates the node's taints")
 def test_tolerating_gpu_pod_lands(gpu_pool, scratch, run, target, check):
     node = _first_tainted(gpu_pool) or gpu_pool.nodes[0]
     churn = ForeignPods(target.cluster, run.run_id, [node.name])

@@ -39,6 +39,8 @@ def test_shared_capacity_and_product(gpu_node, check):
 
 @pytest.mark.places_pods
 @for_nodes(time_sliced)
+@pytest.mark.creates("Pod", "share-<i>", "{free}", requests="1 {resource}", note="one per free slot, at most 64")
+@pytest.mark.creates("Pod", "share-extra", requests="1 {resource}", note="one more: stays Pending")
 def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
     resource = node.gpu_resource
@@ -71,6 +73,7 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
 
 @pytest.mark.places_pods
 @for_nodes(time_sliced)
+@pytest.mark.creates("Pod", "share-two", requests="2 {resource}")
 def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
     refused = target.shared_requests_refused(node)
@@ -96,6 +99,8 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
 
 
 @for_nodes(time_sliced)
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("Pod", "share-probe-{node}-<i>", "{free}, at most replicas", requests="1 {resource}", note="probe")
 def test_pods_on_one_gpu_see_the_same_uuid(gpu_pool, run, target, check, needs_real_gpus):
     node = gpu_pool.nodes[0]
     if (node.count_label or 0) != 1:

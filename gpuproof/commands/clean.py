@@ -36,6 +36,10 @@ def _clean(args) -> int:
         kubeconfig = str(sim.kubeconfig)
     cluster = connect(kubeconfig, args.context)
     from ..lease import remove_expired
+    from ..rbac import preflight
+
+    # the rules of ClusterRole/Role gpuproof-clean, before anything is deleted (a dry run only reads)
+    preflight(cluster, {"clean"}, read_only=args.dry_run)
 
     for line in remove_expired(cluster, dry_run=args.dry_run):       # killed runs' run leases
         print(("would remove " if args.dry_run else "removed ") + line)

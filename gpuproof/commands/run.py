@@ -21,31 +21,52 @@ def suites_dir() -> Path:
     return package_folder("suites")
 
 
+def add_target_options(p) -> None:
+    """The options that name the target cluster (shared by run and plan)."""
+    p.add_argument("--kubeconfig", default=None, help="a real cluster's kubeconfig")
+    p.add_argument("--context", default=None, help="the kubeconfig context (implies a real cluster)")
+    p.add_argument("--fleet", default=None, help="fleet for the embedded cluster (default: mixed)")
+    p.add_argument("--shared-requests-refused", metavar="POOLS", default=None,
+                   help="pools (comma-separated, or 'all') whose device plugin sets failRequestsGreaterThanOne; "
+                        "the embedded cluster knows this from its fleet")
+    p.add_argument("--pool-label", default=None,
+                   help="node label naming node pools (default: the first common cloud pool label found)")
+
+
+def add_selection_options(p) -> None:
+    """The options that choose the checks (shared by run and plan)."""
+    p.add_argument("--bench", action="store_true", help="also run the benchmarks (suites/test_bench_*.py)")
+    p.add_argument("--only-bench", action="store_true", help="run only the benchmarks")
+    p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "run", help="run the acceptance suites (default: against a private embedded cluster)",
         description="Run gpuproof's acceptance suites with pytest and write reports/<run-id>/ (junit.xml, "
                     "checks and metrics as JSONL + parquet, inventory.json, summary.md, report.html). "
                     "Without --kubeconfig/--context a private embedded cluster is started with --fleet and "
-                    "stopped afterwards. Extra pytest arguments go after '--'.",
+                    "stopped afterwards. Extra pytest arguments go after '--'. While it runs, steps that last "
+                    "longer than --progress-after seconds (image pulls, pods waiting, benchmarks) are reported "
+                    "as [gpuproof] lines, with checks done / total and the time left (from earlier runs in "
+                    "--report-dir against the same target, when there are any). --dry-run shows what the run "
+                    "would create instead of running it (see: gpuproof plan --help).",
         epilog="examples:\n  gpuproof run\n  gpuproof run --fleet minimal\n"
                "  gpuproof run --kubeconfig ~/.kube/config --context gpu-prod --bench\n"
+               "  gpuproof run --kubeconfig ~/.kube/config --context gpu-prod --dry-run\n"
                "  gpuproof run -k taints -- -x",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
-    p.add_argument("--kubeconfig", default=None, help="a real cluster's kubeconfig")
-    p.add_argument("--context", default=None, help="the kubeconfig context (implies a real cluster)")
-    p.add_argument("--fleet", default=None, help="fleet for the embedded cluster (default: mixed)")
+    add_target_options(p)
     p.add_argument("--report-dir", default="reports", help="parent folder of run folders (default: reports)")
     p.add_argument("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
-    p.add_argument("--bench", action="store_true", help="also run the benchmarks (suites/test_bench_*.py)")
-    p.add_argument("--only-bench", action="store_true", help="run only the benchmarks")
-    p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
+    add_selection_options(p)
     p.add_argument("--strict-taints", action="store_true", help="untainted GPU nodes fail instead of warn")
-    p.add_argument("--shared-requests-refused", metavar="POOLS", default=None,
-                   help="pools (comma-separated, or 'all') whose device plugin sets failRequestsGreaterThanOne; "
-                        "the embedded cluster knows this from its fleet")
-    p.add_argument("--pool-label", default=None,
-                   help="node label naming node pools (default: the first common cloud pool label found)")
+    p.add_argument("--progress-after", type=float, default=None, metavar="SECONDS",
+                   help="report a step once it has lasted this long, then at doubling intervals; 0: no progress "
+                        "lines (default 10)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="create nothing: list what the run would create, on which nodes, with which priorities "
+                        "(the same as gpuproof plan)")
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     p.set_defaults(func=_run)
 
@@ -64,13 +85,22 @@ def pytest_argv(args, run_id: str) -> list[str]:
             argv.append(f"--{opt.replace('_', '-')}={getattr(args, opt)}")
     if args.strict_taints:
         argv.append("--strict-taints")
+    if getattr(args, "progress_after", None) is not None:
+        argv.append(f"--gpuproof-progress-after={args.progress_after}")
+    argv += selection_argv(args)
+    return argv + list(args.pytest_args)
+
+
+def selection_argv(args) -> list[str]:
+    """-m and -k for --bench/--only-bench/-k."""
+    argv: list[str] = []
     if args.only_bench:
         argv += ["-m", "bench"]
     elif not args.bench:
         argv += ["-m", "not bench"]
     if args.keyword:
         argv += ["-k", args.keyword]
-    return argv + list(args.pytest_args)
+    return argv
 
 
 def check_kubeconfig(path: str | None) -> None:
@@ -112,10 +142,12 @@ def preflight(args) -> None:
         require("bench", ["torch", "locust"], "gpuproof run --bench on the embedded cluster")
     if real:
         from ..cluster import connect
-        from ..pytest_plugin import NEEDED_PERMISSIONS
+        from ..rbac import preflight as rbac_preflight, run_needs
 
         check_kubeconfig(args.kubeconfig)
-        connect(args.kubeconfig, args.context).require_permissions(NEEDED_PERMISSIONS)
+        no_lease = bool({"--no-lease", "--gpuproof-no-lease"} & set(args.pytest_args))
+        rbac_preflight(connect(args.kubeconfig, args.context),
+                       run_needs(bench=args.bench or args.only_bench, lease=not no_lease))
     else:
         from ..fleet import load_fleet
 
@@ -125,6 +157,12 @@ def preflight(args) -> None:
 def _run(args) -> int:
     import pytest
 
+    if args.dry_run:
+        from .plan import plan_command
+
+        return plan_command(args)
+    if args.progress_after is not None and args.progress_after < 0:
+        raise GpuproofError(f"--progress-after must be 0 (off) or more seconds, got {args.progress_after:g}")
     preflight(args)
     run_id = args.run_id or new_run_id()
     code = int(pytest.main(pytest_argv(args, run_id)))
