@@ -13,15 +13,22 @@ no more than ``--max-error-rate`` fail, and the achieved rate (answered requests
 second of sending) is within ``--rate-tolerance`` of the offered one.
 Goodput = requests meeting every SLO per second.
 
-``--rates LO:HI`` (default) searches for the capacity: the offered rate goes LO,
-LO*``--ramp-factor``, ... up to HI until a step fails, then ``--bisect-steps`` steps bisect
-(geometrically) between the last passing and the first failing rate. ``--rates a,b,c``
-runs exactly those rates. The capacity is the highest passing rate, and what bound it is
-judged on the lowest failing step, in this order:
+Every step records the offered and the achieved rate, the CPU of every process that sent
+(``client.processes``: CPU seconds per wall second and the cores it may use), the
+schedule lag, and ``valid``: a step where the client was the limit (its CPU at
+``--client-cpu-threshold`` of what it may use, or the achieved rate short of the offered
+one while the server's latency stayed flat; see ``loadclient.py``) has ``valid: false``
+and ``invalid_reason``. An invalid step is never a capacity and never the server's limit.
 
-- ``client``: the load generator's own CPU time reached 90% of a core (locust's own warning
-  level), or the signals below do not point at the server and the sends ran late against
-  the schedule (too few users, or users pacing themselves with ``--think-ms``);
+``--rates LO:HI`` (default) searches for the capacity: the offered rate goes LO,
+LO*``--ramp-factor``, ... up to HI until a step fails or is invalid, then
+``--bisect-steps`` steps bisect (geometrically) between the last passing and the first
+failing rate (an invalid step ends the bisection). ``--rates a,b,c`` runs exactly those
+rates. The capacity is the highest valid passing rate, and what bound it is judged on the
+lowest failing step, in this order:
+
+- ``client``: the step is invalid (above), or the signals below do not point at the
+  server and the sends ran late against the schedule;
 - ``device``: the GPU was busy (NVML utilization, from the server's ``/metrics``) at least
   ``--busy-threshold``;
 - ``server``: the server's process was busy: CPU time per wall second over its CPU budget
@@ -31,33 +38,54 @@ judged on the lowest failing step, in this order:
 - ``offered-range``: no step failed; the search ran out of range.
 
 Only ``device`` and ``server`` give ``capacity_rps``; ``client`` and ``offered-range``
-leave it null (``max_passing_rps`` keeps the highest rate that passed). Every step
-reports its offered rate, achieved rate, client CPU and schedule lag. A run is bounded by
-``--max-steps``, ``--max-duration-s`` and ``--max-requests``. Needs only the standard
-library and locust (no torch).
+leave it null (``max_passing_rps`` keeps the highest valid rate that passed).
+
+More load than one process can send: locust's distributed mode. ``--workers N`` starts a
+locust master here and N worker processes on 127.0.0.1 (``--master-port``, default a free
+one); each worker sends every N-th request of the same schedule and reports its records
+and CPU to the master after each step. ``--workers auto`` first measures this client's
+rate per CPU-second against a local stand-in endpoint with answers of the same shape
+(``loadstub.py``, tokens streamed 1 ms apart, ``--calibrate-s``) and sizes
+N = ceil(target / (per-core rate x ``--headroom``)), the target being ``--target-rps`` or
+the top of ``--rates``.
+``--calibrate-only`` prints just that measurement. In a cluster (``gpuproof/loadpods.py``)
+the master runs with ``--master --expect-workers N`` and N worker pods run ``--worker
+--master-host H``. A run is bounded by ``--max-steps``, ``--max-duration-s`` and
+``--max-requests``. Needs only the standard library and locust (no torch).
 """
 
 from __future__ import annotations
 
 import locustfile  # first: imports locust, which monkey-patches the standard library
 
+import errno
+import http.client
 import json
 import math
+import os
 import resource
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import gevent
+from gevent.event import Event
 from locust.env import Environment
-from locust.runners import CPU_WARNING_THRESHOLD
 
+import loadclient
 import workload_common as common
 from locustfile import PLAN, InferenceUser, make_prompts
 
 PCTS = (50, 90, 99)
 BOUNDS = ("device", "server", "client", "offered-range")
+HERE = os.path.dirname(os.path.abspath(__file__))
+N_PROMPTS = 64
+CLUSTER_MASTER_PORT = 5557
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -106,6 +134,13 @@ def _pcts(values: list[float], prefix: str, scale: float = 1e3) -> dict:
     return out
 
 
+def _server_ms(timing: dict | None) -> float | None:
+    """The server's own time for one request (gpuproof's per-request queue + model time)."""
+    if not isinstance(timing, dict) or timing.get("queue_ms") is None:
+        return None
+    return (timing.get("queue_ms") or 0.0) + (timing.get("model_ms") or 0.0)
+
+
 def server_side(m0: dict | None, m1: dict | None) -> dict | None:
     """The server's busy fractions and per-request time split between two /metrics readings."""
     if not m0 or not m1:
@@ -150,6 +185,7 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
     tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
     itl = [g for r in ok for g in r["itl_s"]]
     e2e = [r["e2e_s"] for r in ok]
+    srv_ms = [v for v in (_server_ms(r.get("server")) for r in ok) if v is not None]
     good = [r for r in ok if r["ttft_s"] * 1e3 <= args.slo_ttft_ms
             and (r["tokens"] <= 1 or (r["e2e_s"] - r["ttft_s"]) / (r["tokens"] - 1) * 1e3 <= args.slo_tpot_ms)]
     lags = [r["lag_s"] for r in recs]
@@ -167,6 +203,7 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         "ok": len(ok),
         "errors": errors,
         "error_rate": errors / n if n else None,
+        "failed": len(recs) - len(ok),          # sent and answered with an error (errors also count unsent)
         "send_span_s": span,
         "achieved_rps": len(ok) / span,
         "goodput_rps": len(good) / span,
@@ -175,6 +212,9 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         "output_tokens_per_s": out_tokens / max(step_s, last_done - t0),
         "mean_output_tokens": out_tokens / len(ok) if ok else None,
         **_pcts(ttft, "ttft"), **_pcts(tpot, "tpot"), **_pcts(itl, "itl"), **_pcts(e2e, "e2e"),
+        "server_latency_p50_ms": common.percentile(srv_ms, 50) if srv_ms else None,
+        "server_latency_p10_ms": common.percentile(srv_ms, 10) if srv_ms else None,
+        "ttft_p10_ms": common.percentile(ttft, 10) * 1e3 if ttft else None,
         "schedule_lag_p50_ms": (common.percentile(lags, 50) or 0) * 1e3 if lags else None,
         "schedule_lag_p95_ms": (common.percentile(lags, 95) or 0) * 1e3 if lags else None,
         "schedule_lag_max_ms": max(lags) * 1e3 if lags else None,
@@ -196,10 +236,8 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
 
 
 def classify(step: dict, threshold: float) -> tuple[str, str]:
-    """What bound a failing step: 'client', 'device' or 'server' (see the module doc), and why."""
-    cpu = step.get("client_cpu") or 0.0
-    if cpu * 100 >= CPU_WARNING_THRESHOLD:
-        return "client", f"load generator CPU {cpu:.0%} of a core (locust warns at {CPU_WARNING_THRESHOLD}%)"
+    """What bound a failing valid step: 'client', 'device' or 'server' (see the module doc), and why.
+    (A saturated client was already caught by ``loadclient.step_validity``.)"""
     srv = step.get("server") or {}
     gpu = srv.get("gpu_util_pct")
     if gpu is not None and gpu >= threshold * 100:
@@ -218,18 +256,368 @@ def classify(step: dict, threshold: float) -> tuple[str, str]:
     return "server", f"SLO missed with the client on schedule and nothing saturated (server busy {busy:.0%})"
 
 
+def idle_latency(base: str, n: int, timeout: float = 120.0) -> dict:
+    """The server's latency with nothing else in flight: ``n`` streamed requests one after another
+    (after one more to warm up), median TTFT and, where the server reports it, its own time."""
+    u = urllib.parse.urlsplit(base)
+    cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+    ttfts, servers, errors = [], [], []
+    conn = cls(u.hostname, u.port, timeout=timeout)
+    try:
+        for i in range(n + 1):
+            t0 = time.perf_counter()
+            conn.request("POST", PLAN.path, PLAN.body(), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                errors.append(f"HTTP {resp.status}")
+                resp.read()
+                continue
+            first, srv = None, None
+            while line := resp.readline():
+                line = line.strip()
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                msg = json.loads(line[5:])
+                choices = msg.get("choices") or []
+                if first is None and choices and choices[0].get("text"):
+                    first = time.perf_counter() - t0
+                srv = _server_ms(msg.get("gpuproof")) if msg.get("gpuproof") else srv
+            if i and first is not None:   # the first one warms up
+                ttfts.append(first * 1e3)
+                if srv is not None:
+                    servers.append(srv)
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+    return {"n": len(ttfts), "source": f"idle probe ({len(ttfts)} sequential requests, median)",
+            "ttft_ms": common.median(ttfts) if ttfts else None,
+            "server_ms": common.median(servers) if len(servers) == len(ttfts) and servers else None,
+            "errors": errors[:3]}
+
+
+# ------------------------------------------------------------------ senders: this process, or a master + workers
+
+
+def _wait(pred, timeout: float, what: str, interval: float = 0.05):
+    return common.wait_until(pred, timeout, what, interval=interval)
+
+
+def _collect(idx: int) -> list[dict]:
+    """The records of step ``idx`` (records of earlier steps that came in late are dropped)."""
+    recs = [r for r in PLAN.records if r["step"] == idx]
+    PLAN.records = []
+    return recs
+
+
+def _run_share(idx: int, rate: float, step_s: float, drain_s: float, lead_s: float,
+               share: tuple[int, int] = (0, 1)) -> tuple[float, list[dict]]:
+    """Send this process's share of one step; wait for its answers (at most ``drain_s``)."""
+    t0 = PLAN.begin_step(idx, rate, step_s, lead_s=lead_s, share=share)
+    n = len(PLAN.due)
+    deadline = t0 + step_s + drain_s
+    while time.perf_counter() < deadline:
+        if PLAN.next_ticket >= n and PLAN.done.get(idx, 0) >= n:
+            break
+        gevent.sleep(0.02)
+    PLAN.end_step()
+    return t0, _collect(idx)
+
+
+def _proc(role: str, index: int, cpu_s: float, wall_s: float, cores: dict, recs: list[dict] | None,
+          pid: int | None = None, host: str | None = None) -> dict:
+    p = {"role": role, "index": index, "pid": pid or os.getpid(), "host": host or socket.gethostname(),
+         "cpu_s": cpu_s, "wall_s": wall_s, "cpu": cpu_s / wall_s if wall_s > 0 else None,
+         "cores": cores.get("cores") or 1.0}
+    if recs is not None:
+        p.update(sent=len(recs), ok=sum(1 for r in recs if r["ok"]))
+    return p
+
+
+class LocalSender:
+    """Sends from this process (locust's LocalRunner)."""
+
+    mode = "local"
+
+    def __init__(self, args, base: str):
+        self.args = args
+        self.cores = loadclient.usable_cores()
+        self.env = Environment(user_classes=[InferenceUser], host=base)
+        self.runner = self.env.create_local_runner()
+        self.workers = 1
+
+    def start(self, users: int) -> None:
+        self.runner.start(users, spawn_rate=max(100.0, float(users)))
+        _wait(lambda: self.runner.user_count >= users, 60, f"{users} locust users to start")
+
+    def run_step(self, idx: int, rate: float) -> dict:
+        a = self.args
+        cpu0, w0 = _cpu_s(), time.perf_counter()
+        t0, recs = _run_share(idx, rate, a.step_s, a.drain_s, lead_s=0.05)
+        cpu1, w1 = _cpu_s(), time.perf_counter()
+        return {"t0": t0, "n": max(1, round(rate * a.step_s)), "records": recs, "wall_s": w1 - w0,
+                "processes": [_proc("local", 0, cpu1 - cpu0, w1 - w0, self.cores, recs)], "missing": []}
+
+    def cpu_warning(self) -> bool:
+        return bool(getattr(self.runner, "cpu_warning_emitted", False))
+
+    def quit(self) -> dict:
+        self.runner.quit()
+        return {}
+
+
+class MasterSender:
+    """A locust master: N worker processes (local ones it starts, or pods) send, it only steers.
+
+    Messages (locust's custom messages over its ZeroMQ link): worker -> ``gp_hello`` (pid, host,
+    cores) once its handlers are in place; master -> ``gp_config`` (what to send), then per step
+    ``gp_step`` (step, rate, its share i of N, lead time); worker -> ``gp_step_done`` (its
+    records with send times relative to its step start, its CPU seconds and wall time)."""
+
+    mode = "distributed"
+
+    def __init__(self, args, base: str, workers: int, bind_host: str, port: int, spawn_local: bool):
+        self.args, self.workers = args, workers
+        self.cores = loadclient.usable_cores()
+        self.env = Environment(user_classes=[InferenceUser], host=base)
+        self.runner = self.env.create_master_runner(bind_host, port)
+        self.port = self.runner.server.port
+        self.hello: dict[str, dict] = {}
+        self.reports: dict[int, dict[str, dict]] = {}
+        self.expect: tuple[int, set] | None = None
+        self.all_in = Event()
+        self.runner.register_message("gp_hello", self._on_hello)
+        self.runner.register_message("gp_step_done", self._on_done)
+        self.local: list[tuple[subprocess.Popen, str]] = []
+        self.tmp = tempfile.TemporaryDirectory(prefix="gpuproof-loadgen-") if spawn_local else None
+        if spawn_local:
+            for i in range(workers):
+                out = os.path.join(self.tmp.name, f"worker{i}")
+                cmd = [sys.executable, os.path.join(HERE, "loadgen.py"), "--worker", "--master-host", "127.0.0.1",
+                       "--master-port", str(self.port)]
+                with open(out + ".out", "w") as so, open(out + ".err", "w") as se:
+                    self.local.append((subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL), out))
+        common.log(f"locust master on {bind_host}:{self.port}, expecting {workers} workers"
+                   + (" (started here)" if spawn_local else ""))
+
+    def _on_hello(self, environment, msg, **kw) -> None:
+        self.hello[msg.node_id] = msg.data
+
+    def _on_done(self, environment, msg, **kw) -> None:
+        step = msg.data["step"]
+        self.reports.setdefault(step, {})[msg.node_id] = msg.data
+        if self.expect and self.expect[0] == step and self.expect[1] <= set(self.reports[step]):
+            self.all_in.set()
+
+    def _dead_local(self) -> str | None:
+        for p, out in self.local:
+            if p.poll() is not None:
+                err = open(out + ".err").read().strip().splitlines()[-5:]
+                return f"local worker pid {p.pid} exited with status {p.returncode}: " + " | ".join(err)
+        return None
+
+    def wait_workers(self, timeout: float) -> None:
+        def ready():
+            dead = self._dead_local()
+            if dead:
+                raise RuntimeError(dead)
+            return len(self.hello) >= self.workers
+
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {self.workers} locust workers to "
+                                   f"connect to the master on port {self.port} ({len(self.hello)} connected)")
+            gevent.sleep(0.05)
+
+    def configure(self, cfg: dict) -> None:
+        for cid in sorted(self.hello):
+            self.runner.send_message("gp_config", cfg, client_id=cid)
+
+    def start(self, users: int) -> None:
+        self.runner.start(users, spawn_rate=max(100.0, float(users)))
+        _wait(lambda: self.runner.user_count >= users, 60,
+              f"{users} locust users to start on {self.workers} workers (started: {self.runner.user_count})")
+
+    def run_step(self, idx: int, rate: float) -> dict:
+        a = self.args
+        ids = sorted(self.hello)
+        self.all_in.clear()
+        self.expect = (idx, set(ids))
+        cpu0, w0 = _cpu_s(), time.perf_counter()
+        lead = 0.25
+        t0 = time.perf_counter() + lead
+        for i, cid in enumerate(ids):
+            self.runner.send_message("gp_step", {"step": idx, "rate": rate, "step_s": a.step_s, "drain_s": a.drain_s,
+                                                 "lead_s": lead, "index": i, "of": len(ids)}, client_id=cid)
+        self.all_in.wait(timeout=max(0.0, t0 + a.step_s + a.drain_s + 15.0 - time.perf_counter()))
+        cpu1, w1 = _cpu_s(), time.perf_counter()
+        got = self.reports.pop(idx, {})
+        recs: list[dict] = []
+        procs = [_proc("master", 0, cpu1 - cpu0, w1 - w0, self.cores, None)]
+        missing = []
+        for i, cid in enumerate(ids):
+            d = got.get(cid)
+            if d is None:
+                missing.append(i)
+                continue
+            for r in d["records"]:
+                r["sent"] = t0 + r.pop("sent_rel")
+            recs += d["records"]
+            procs.append(_proc("worker", i, d["cpu_s"], d["wall_s"], {"cores": d["cores"]}, d["records"],
+                               pid=d["pid"], host=d["host"]))
+        return {"t0": t0, "n": max(1, round(rate * a.step_s)), "records": recs, "wall_s": w1 - w0,
+                "processes": procs, "missing": missing}
+
+    def cpu_warning(self) -> bool:
+        return bool(getattr(self.runner, "worker_cpu_warning_emitted", False))
+
+    def quit(self) -> dict:
+        """Stop the workers (locust's quit message); the local ones' own summaries."""
+        self.runner.quit()
+        summaries = []
+        for p, out in self.local:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            lines = [x for x in open(out + ".out").read().splitlines() if x.strip().startswith("{")]
+            err = open(out + ".err").read().strip().splitlines()[-8:]
+            summary = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON result: " + " | ".join(err)}
+            summary["exit_code"] = p.returncode
+            summaries.append(summary)
+        if self.tmp:
+            self.tmp.cleanup()
+        return {"worker_processes": summaries, "workers_seen": [
+            {"index": i, **self.hello[cid]} for i, cid in enumerate(sorted(self.hello))]}
+
+
+def worker_main(args) -> int:
+    """A locust worker: connects to the master, sends its share of each step, reports back."""
+    cores = loadclient.usable_cores()
+    env = Environment(user_classes=[InferenceUser])
+    try:
+        runner = env.create_worker_runner(args.master_host, args.master_port)
+    except ConnectionError:
+        return common.fail_usage(f"no locust master answered at {args.master_host}:{args.master_port}")
+    totals = {"steps": 0, "sent": 0, "answered_ok": 0, "cpu_s": 0.0}
+
+    def on_config(environment, msg, **kw):
+        PLAN.configure(msg.data)
+        environment.host = msg.data["url"]
+
+    def on_step(environment, msg, **kw):
+        d = msg.data
+        cpu0, w0 = _cpu_s(), time.perf_counter()
+        t0, recs = _run_share(d["step"], d["rate"], d["step_s"], d["drain_s"], d["lead_s"], (d["index"], d["of"]))
+        cpu1, w1 = _cpu_s(), time.perf_counter()
+        for r in recs:
+            r["sent_rel"] = r.pop("sent") - t0
+        totals.update(steps=totals["steps"] + 1, sent=totals["sent"] + len(recs),
+                      answered_ok=totals["answered_ok"] + sum(1 for r in recs if r["ok"]),
+                      cpu_s=totals["cpu_s"] + cpu1 - cpu0)
+        runner.send_message("gp_step_done", {"step": d["step"], "records": recs, "cpu_s": cpu1 - cpu0,
+                                             "wall_s": w1 - w0, "cores": cores["cores"], "pid": os.getpid(),
+                                             "host": socket.gethostname()})
+
+    runner.register_message("gp_config", on_config)
+    runner.register_message("gp_step", on_step, concurrent=True)
+    runner.send_message("gp_hello", {"pid": os.getpid(), "host": socket.gethostname(), **cores})
+    common.log(f"locust worker {os.getpid()} connected to {args.master_host}:{args.master_port}")
+    runner.greenlet.join()
+    result = common.base_result("loadgen-worker")
+    result.update(pid=os.getpid(), master=f"{args.master_host}:{args.master_port}", cores=cores, **totals,
+                  ok=True)
+    common.emit(result)
+    return 0
+
+
+# ------------------------------------------------------------------ calibration: this client's rate per CPU-second
+
+
+def calibrate(seconds: float, users: int, token_gap_ms: float = 1.0, warm_s: float = 1.0) -> dict:
+    """Requests per CPU-second of this client (the same InferenceUser and records) against
+    ``loadstub.py`` on 127.0.0.1, answers shaped like the real ones (PLAN's max_tokens), their
+    tokens written ``token_gap_ms`` apart as a server streams them (so the client reads one event
+    per socket read, as it will against the real server; whole answers at once cost it about a
+    third less per request, which would oversize each worker).
+
+    The stub gets far more tickets than the client can send, so the client runs flat out;
+    requests finished in the window / this process's CPU seconds in it = the per-core rate.
+    """
+    with tempfile.TemporaryDirectory(prefix="gpuproof-calibrate-") as tmp:
+        port_file = os.path.join(tmp, "port")
+        stub = subprocess.Popen([sys.executable, os.path.join(HERE, "loadstub.py"), "--port", "0",
+                                 "--port-file", port_file, "--token-gap-ms", str(token_gap_ms)],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, text=True)
+        env = None
+        try:
+            port = _wait(lambda: os.path.exists(port_file) and open(port_file).read().strip(), 30,
+                         "the calibration endpoint (loadstub.py) to listen")
+            url = f"http://127.0.0.1:{port}"
+            env = Environment(user_classes=[InferenceUser], host=url)
+            runner = env.create_local_runner()
+            runner.start(users, spawn_rate=max(100.0, float(users)))
+            _wait(lambda: runner.user_count >= users, 60, f"{users} locust users to start")
+            rate = 50_000.0
+            idx = -1
+            t_start = PLAN.begin_step(idx, rate, warm_s + seconds + 1.0, lead_s=0.0)
+            gevent.sleep(warm_s)
+            s0 = json.loads(_get(url + "/stats")[1])
+            cpu0, w0, d0 = _cpu_s(), time.perf_counter(), PLAN.done.get(idx, 0)
+            gevent.sleep(seconds)
+            cpu1, w1, d1 = _cpu_s(), time.perf_counter(), PLAN.done.get(idx, 0)
+            s1 = json.loads(_get(url + "/stats")[1])
+            PLAN.end_step()
+            _wait(lambda: PLAN.inflight == 0, 30, "the calibration requests to finish")
+            recs = _collect(idx)
+            PLAN.done.pop(idx, None)
+            runner.quit()
+        finally:
+            stub.terminate()
+            try:
+                stub.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                stub.kill()
+                stub.wait()
+    done, cpu, wall = d1 - d0, cpu1 - cpu0, w1 - w0
+    errors = sum(1 for r in recs if not r["ok"])
+    if done <= 0 or cpu <= 0:
+        raise RuntimeError("calibration sent no requests")
+    stub_req = s1["requests"] - s0["requests"]
+    return {
+        "per_core_rps": done / cpu, "requests": done, "window_s": wall, "client_cpu_s": cpu,
+        "client_cpu": cpu / wall, "achieved_rps": done / wall, "errors": errors, "users": users,
+        "max_tokens": PLAN.max_tokens, "token_gap_ms": token_gap_ms,
+        "endpoint": "loadstub.py on 127.0.0.1 (same answer shape, no compute)",
+        "stub_cpu": (s1["cpu_s"] - s0["cpu_s"]) / wall, "stub_requests": stub_req,
+        "stub_cpu_per_request_us": (s1["cpu_s"] - s0["cpu_s"]) / stub_req * 1e6 if stub_req else None,
+        "since_start_s": w0 - t_start,
+    }
+
+
+# ------------------------------------------------------------------ the capacity search
+
+
 def build_parser():
     p = common.parser(
         "loadgen.py",
         "LLM load (locust, streamed /v1/completions): TTFT, TPOT, output tokens/s, goodput, and a capacity "
-        "search that says what bound it (device, server, client, offered-range). One JSON object.",
+        "search that says what bound it (device, server, client, offered-range); one process or locust's "
+        "distributed mode (a master + N workers). One JSON object.",
         epilog="examples:\n"
                "  python loadgen.py --url http://127.0.0.1:8000                       # search 1..1024 req/s\n"
                "  python loadgen.py --url http://vllm:8000 --model meta-llama/Llama-3.1-8B-Instruct \\\n"
                "      --input-tokens 512 --output-tokens 128 --slo-ttft-ms 500 --slo-tpot-ms 50\n"
-               "  python loadgen.py --url http://127.0.0.1:8000 --rates 2,4,8 --step-s 5   # fixed rates\n",
+               "  python loadgen.py --url http://127.0.0.1:8000 --rates 2,4,8 --step-s 5   # fixed rates\n"
+               "  python loadgen.py --url http://127.0.0.1:8000 --workers auto            # master + N workers here\n"
+               "  python loadgen.py --calibrate-only --output-tokens 128                  # req/s per core\n"
+               "  python loadgen.py --url http://svc:8000 --master --expect-workers 4     # in a pod; workers:\n"
+               "  python loadgen.py --worker --master-host loadgen-master                 #   one per pod\n",
     )
-    p.add_argument("--url", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--url", default="", help="base URL of the server, e.g. http://127.0.0.1:8000 (not for --worker)")
     p.add_argument("--model", default="", help="model name to send (default: the first one /v1/models lists)")
     p.add_argument("--rates", default="1:1024",
                    help="LO:HI searches for the capacity in that range (default 1:1024); a,b,c runs those rates")
@@ -253,6 +641,13 @@ def build_parser():
                    help="a step fails when achieved < offered x (1 - this) (default 0.1)")
     p.add_argument("--busy-threshold", type=float, default=0.75,
                    help="GPU or server busy fraction that counts as saturated (default 0.75)")
+    p.add_argument("--client-cpu-threshold", type=float, default=loadclient.CPU_SATURATION,
+                   help="a sending process at this share of the CPU it may use makes the step invalid (default 0.9)")
+    p.add_argument("--flat-factor", type=float, default=loadclient.FLAT_FACTOR,
+                   help="server latency p50 within this factor of the idle latency counts as flat (default 2)")
+    p.add_argument("--idle-probes", type=int, default=0,
+                   help="measure the idle latency with this many sequential requests before the search (default 0: "
+                        "the lowest 10th percentile of the steps' latencies stands in for it)")
     p.add_argument("--users", type=int, default=512, help="locust users (concurrent requests at most; default 512)")
     p.add_argument("--think-ms", type=float, default=0.0,
                    help="each user pauses this long after an answer (default 0; a slow client for tests)")
@@ -264,6 +659,35 @@ def build_parser():
                    help="gpuproof's JSON metrics path on the server ('' = do not ask; default /metrics)")
     p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
+    g = p.add_argument_group("distributed mode (locust master + workers)")
+    g.add_argument("--workers", default="1",
+                   help="N: a locust master here and N worker processes on 127.0.0.1 (1 = this process sends); "
+                        "'auto': N from a calibration of this client's per-core rate (default 1)")
+    g.add_argument("--target-rps", type=float, default=None,
+                   help="the rate --workers auto sizes for (default: the top of --rates)")
+    g.add_argument("--headroom", type=float, default=loadclient.HEADROOM,
+                   help="size workers to run at most this share of their per-core rate (default 0.7)")
+    g.add_argument("--max-workers", type=int, default=loadclient.MAX_WORKERS, help="workers at most (default 16)")
+    g.add_argument("--calibrate-s", type=float, default=3.0, help="seconds of calibration (default 3)")
+    g.add_argument("--calibrate-token-gap-ms", type=float, default=1.0,
+                   help="the calibration endpoint writes tokens this far apart, as a server streaming them "
+                        "(default 1; 0 = whole answers at once, which costs the client less)")
+    g.add_argument("--calibrate-users", type=int, default=256, help="users during the calibration (default 256)")
+    g.add_argument("--per-core-rps", type=float, default=None,
+                   help="size --workers auto from this per-core rate instead of calibrating")
+    g.add_argument("--calibrate-only", action="store_true",
+                   help="only measure this client's requests per CPU-second (and size for --target-rps)")
+    g.add_argument("--master", action="store_true",
+                   help="be a locust master for --expect-workers workers started elsewhere (pods)")
+    g.add_argument("--expect-workers", type=int, default=0, help="workers a --master waits for")
+    g.add_argument("--wait-workers-s", type=float, default=300.0, help="how long to wait for them (default 300)")
+    g.add_argument("--worker", action="store_true", help="be a locust worker of --master-host:--master-port")
+    g.add_argument("--master-host", default="127.0.0.1", help="the master's address (--worker; default 127.0.0.1)")
+    g.add_argument("--master-port", type=int, default=None,
+                   help=f"the master's port (default: a free one for local workers, {CLUSTER_MASTER_PORT} with "
+                        "--master/--worker)")
+    g.add_argument("--master-bind-host", default=None,
+                   help="address the master binds (default 127.0.0.1 for local workers, * with --master)")
     return p
 
 
@@ -284,50 +708,63 @@ def _round(r: float) -> float:
 
 
 class Runner:
-    def __init__(self, args, base: str):
-        self.args, self.base = args, base
+    def __init__(self, args, base: str, sender, idle: dict | None):
+        self.args, self.base, self.sender, self.idle = args, base, sender, idle
         self.steps: list[dict] = []
+        self.requests = 0
+        self.floor: dict = {"server_ms": None, "ttft_ms": None, "source": "lowest p10 of the steps so far"}
         self.t_start = time.perf_counter()
 
     def budget_left(self) -> bool:
         a = self.args
         return (len(self.steps) < a.max_steps and time.perf_counter() - self.t_start < a.max_duration_s
-                and len(PLAN.records) < a.max_requests)
+                and self.requests < a.max_requests)
 
     def step(self, rate: float) -> dict:
         a, idx = self.args, len(self.steps)
-        m0, cpu0, w0 = server_metrics(self.base, a.metrics_path), _cpu_s(), time.perf_counter()
-        t0 = PLAN.begin_step(idx, rate, a.step_s)
-        n = len(PLAN.due)
-        deadline = t0 + a.step_s + a.drain_s
-        while time.perf_counter() < deadline:
-            if PLAN.next_ticket >= n and PLAN.done.get(idx, 0) >= n:
-                break
-            gevent.sleep(0.02)
-        PLAN.end_step()
-        cpu1, w1 = _cpu_s(), time.perf_counter()
+        m0 = server_metrics(self.base, a.metrics_path)
+        out = self.sender.run_step(idx, rate)
         m1 = server_metrics(self.base, a.metrics_path)
-        recs = [r for r in PLAN.records if r["step"] == idx]
-        row = step_stats(idx, rate, a.step_s, t0, n, recs, a)
-        row.update(client_cpu=(cpu1 - cpu0) / (w1 - w0), wall_s=w1 - w0, unanswered=n - len(recs),
-                   server=server_side(m0, m1))
+        recs, n, procs = out["records"], out["n"], out["processes"]
+        self.requests += len(recs)
+        row = step_stats(idx, rate, a.step_s, out["t0"], n, recs, a)
+        senders = [p for p in procs if p["role"] != "master" and p.get("cpu") is not None]
+        row.update(
+            client_cpu=max((p["cpu"] for p in senders), default=None),
+            client_cpu_of_usable=max((p["cpu"] / p["cores"] for p in senders), default=None),
+            wall_s=out["wall_s"], unanswered=n - len(recs), server=server_side(m0, m1),
+            client={"mode": self.sender.mode, "senders": len(senders), "processes": procs,
+                    "missing_workers": out["missing"], "cpu_threshold": a.client_cpu_threshold})
         if row["unanswered"]:
             row["fail_reasons"].append(f"{row['unanswered']} requests unanswered {a.drain_s:g}s after the step")
             row["slo_met"] = False
-        if not row["slo_met"]:
+        for key, col in (("server_ms", "server_latency_p10_ms"), ("ttft_ms", "ttft_p10_ms")):
+            if row[col] is not None:
+                self.floor[key] = min(row[col], self.floor[key] if self.floor[key] is not None else math.inf)
+        row["latency_baseline"] = dict(self.idle or self.floor)
+        valid, why = loadclient.step_validity(row, row["latency_baseline"], rate_tolerance=a.rate_tolerance,
+                                              max_error_rate=a.max_error_rate, cpu_threshold=a.client_cpu_threshold,
+                                              flat_factor=a.flat_factor)
+        if valid and not row["slo_met"]:
             row["bound_by"], row["bound_reason"] = classify(row, a.busy_threshold)
+            if row["bound_by"] == "client":
+                valid, why = False, f"client-bound: {row['bound_reason']}"
+        row["valid"], row["invalid_reason"] = valid, why
+        if not valid:
+            row["bound_by"], row["bound_reason"] = "client", why
         self.steps.append(row)
         srv = row["server"] or {}
         common.log(f"step {idx}: offered {rate:g} req/s, achieved {row['achieved_rps']:.3g}, TTFT p99 "
                    f"{row['ttft_p99_ms'] or 0:.0f} ms, TPOT p99 {row['tpot_p99_ms'] or 0:.1f} ms, "
-                   f"{row['output_tokens_per_s']:.0f} tok/s, client CPU {row['client_cpu']:.0%}, lag p95 "
-                   f"{row['schedule_lag_p95_ms'] or 0:.0f} ms, server busy {srv.get('engine_busy', 0):.0%}: "
-                   + ("SLO met" if row["slo_met"] else f"FAIL ({'; '.join(row['fail_reasons'])}) -> "
-                                                       f"{row['bound_by']}"))
+                   f"{row['output_tokens_per_s']:.0f} tok/s, client CPU {row['client_cpu'] or 0:.0%} "
+                   f"({len(senders)} sender(s)), lag p95 {row['schedule_lag_p95_ms'] or 0:.0f} ms, server busy "
+                   f"{srv.get('engine_busy', 0):.0%}: "
+                   + ("INVALID (" + why + ")" if not valid else "SLO met" if row["slo_met"]
+                      else f"FAIL ({'; '.join(row['fail_reasons'])}) -> {row['bound_by']}"))
         return row
 
     def search(self, mode: str, rates: list[float]) -> tuple[float | None, dict | None]:
-        """Returns (highest passing rate, lowest failing step)."""
+        """Returns (highest valid passing rate, lowest failing or invalid step)."""
         a = self.args
         passing: float | None = None
         failing: dict | None = None
@@ -336,18 +773,17 @@ class Runner:
                 if not self.budget_left():
                     break
                 s = self.step(r)
-                if s["slo_met"] and (failing is None or r < failing["offered_rps"]):
-                    passing = r if passing is None else max(passing, r)
-                elif not s["slo_met"] and (failing is None or r < failing["offered_rps"]):
+                bad = not (s["valid"] and s["slo_met"])
+                if bad and (failing is None or r < failing["offered_rps"]):
                     failing = s
-            if failing is not None and passing is not None and passing > failing["offered_rps"]:
-                passing = max((r for r in rates if r < failing["offered_rps"]), default=None)
-            return passing, failing
+            below = [s["offered_rps"] for s in self.steps if s["valid"] and s["slo_met"]
+                     and (failing is None or s["offered_rps"] < failing["offered_rps"])]
+            return (max(below) if below else None), failing
         lo, hi = rates
         r = lo
         while self.budget_left():
             s = self.step(r)
-            if not s["slo_met"]:
+            if not (s["valid"] and s["slo_met"]):
                 failing = s
                 break
             passing = r
@@ -355,7 +791,7 @@ class Runner:
                 break
             r = min(hi, _round(r * a.ramp_factor))
         for _ in range(a.bisect_steps):
-            if failing is None or failing["bound_by"] == "client" or not self.budget_left():
+            if failing is None or not failing["valid"] or not self.budget_left():
                 break
             f = failing["offered_rps"]
             if passing is not None and f / passing <= 1 + a.precision:
@@ -364,6 +800,8 @@ class Runner:
             if mid in (passing, f):
                 break
             s = self.step(mid)
+            if not s["valid"]:   # the client could not measure this rate: keep what the valid steps found
+                break
             if s["slo_met"]:
                 passing = mid
             else:
@@ -371,48 +809,140 @@ class Runner:
         return passing, failing
 
 
+def _check_port(host: str, port: int) -> str | None:
+    """None when ``port`` can be bound on ``host``, else why not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("" if host == "*" else host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"--master-port {port}: port {port} is already in use on {host}"
+            return f"--master-port {port}: cannot bind {host}:{port}: {exc}"
+    return None
+
+
+def _configure_plan(args, model: str) -> dict:
+    PLAN.model, PLAN.max_tokens, PLAN.ignore_eos = model, args.output_tokens, not args.no_ignore_eos
+    PLAN.think_s = args.think_ms / 1e3
+    PLAN.prompts = make_prompts(N_PROMPTS, args.input_tokens, args.seed)
+    return {"model": model, "max_tokens": args.output_tokens, "ignore_eos": not args.no_ignore_eos,
+            "think_s": args.think_ms / 1e3, "n_prompts": N_PROMPTS, "input_tokens": args.input_tokens,
+            "seed": args.seed}
+
+
+def _validate(args) -> str | None:
+    if args.step_s <= 0 or args.users < 1 or args.output_tokens < 1 or args.input_tokens < 1 \
+            or args.ramp_factor <= 1 or not 0 < args.slo_attainment <= 1:
+        return ("--step-s > 0, --users/--input-tokens/--output-tokens >= 1, --ramp-factor > 1 "
+                "and 0 < --slo-attainment <= 1 please")
+    if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) >= 1):
+        return f"--workers {args.workers!r}: a whole number >= 1 or 'auto'"
+    if not 0 < args.headroom <= 1 or args.max_workers < 1 or args.calibrate_s <= 0:
+        return "0 < --headroom <= 1, --max-workers >= 1 and --calibrate-s > 0 please"
+    if args.master and args.expect_workers < 1:
+        return "--master needs --expect-workers N (N >= 1)"
+    if not (args.url or args.worker or args.calibrate_only):
+        return "--url is required (except with --worker or --calibrate-only)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.worker:
+        args.master_port = args.master_port or CLUSTER_MASTER_PORT
+        return worker_main(args)
     try:
         mode, rates = parse_rates(args.rates)
     except ValueError as exc:
         return common.fail_usage(f"--rates {args.rates!r}: {exc}")
-    if args.step_s <= 0 or args.users < 1 or args.output_tokens < 1 or args.input_tokens < 1 \
-            or args.ramp_factor <= 1 or not 0 < args.slo_attainment <= 1:
-        return common.fail_usage("--step-s > 0, --users/--input-tokens/--output-tokens >= 1, --ramp-factor > 1 "
-                                 "and 0 < --slo-attainment <= 1 please")
+    bad = _validate(args)
+    if bad:
+        return common.fail_usage(bad)
+    cores = loadclient.usable_cores()
+    target = args.target_rps or max(rates)
+    if args.calibrate_only:
+        _configure_plan(args, "stub")
+        try:
+            cal = calibrate(args.calibrate_s, args.calibrate_users, args.calibrate_token_gap_ms)
+        except (RuntimeError, TimeoutError) as exc:
+            return common.fail_usage(f"calibration failed: {exc}")
+        result = common.base_result("loadgen-calibration")
+        result.update(calibration=cal, cores=cores, ok=True,
+                      sizing=loadclient.size_workers(target, cal["per_core_rps"], args.headroom, args.max_workers))
+        common.log(f"calibration: {cal['per_core_rps']:.0f} requests per CPU-second "
+                   f"({cal['requests']} in {cal['window_s']:.1f}s at {cal['client_cpu']:.0%} CPU)")
+        common.emit(result)
+        return 0
     base = args.url.rstrip("/")
     try:
         wait_ready(base, args.health_path, args.wait_ready)
     except TimeoutError as exc:
         return common.fail_usage(str(exc))
     model = args.model or served_model(base)
-    PLAN.model, PLAN.max_tokens, PLAN.ignore_eos = model, args.output_tokens, not args.no_ignore_eos
-    PLAN.think_s = args.think_ms / 1e3
-    PLAN.prompts = make_prompts(64, args.input_tokens, args.seed)
-    env = Environment(user_classes=[InferenceUser], host=base)
-    runner = env.create_local_runner()
-    runner.start(args.users, spawn_rate=max(100.0, float(args.users)))
+    cfg = {**_configure_plan(args, model), "url": base}
+
+    calibration = sizing = None
+    if args.master:
+        workers = args.expect_workers
+    elif args.workers == "auto":
+        if args.per_core_rps:
+            calibration = {"per_core_rps": args.per_core_rps, "given": True}
+        else:
+            try:
+                calibration = calibrate(args.calibrate_s, args.calibrate_users, args.calibrate_token_gap_ms)
+            except (RuntimeError, TimeoutError) as exc:
+                return common.fail_usage(f"calibration failed: {exc}")
+            common.log(f"calibration: {calibration['per_core_rps']:.0f} requests per CPU-second of this client")
+        sizing = loadclient.size_workers(target, calibration["per_core_rps"], args.headroom, args.max_workers)
+        workers = sizing["workers"]
+        common.log(f"workers for {target:g} req/s: {sizing['rule']}")
+    else:
+        workers = int(args.workers)
+
+    distributed = args.master or workers > 1
+    if distributed:
+        bind = args.master_bind_host or ("*" if args.master else "127.0.0.1")
+        port = args.master_port if args.master_port is not None else (CLUSTER_MASTER_PORT if args.master else 0)
+        if port:
+            busy = _check_port(bind, port)
+            if busy:
+                return common.fail_usage(busy)
+        sender = MasterSender(args, base, workers, bind, port, spawn_local=not args.master)
+        try:
+            sender.wait_workers(args.wait_workers_s)
+        except (TimeoutError, RuntimeError) as exc:
+            sender.quit()
+            return common.fail_usage(str(exc))
+        sender.configure(cfg)
+    else:
+        sender = LocalSender(args, base)
     try:
-        common.wait_until(lambda: runner.user_count >= args.users, 60, f"{args.users} locust users to start")
+        sender.start(args.users)
     except TimeoutError as exc:
-        runner.quit()
+        sender.quit()
         return common.fail_usage(str(exc))
-    common.log(f"load: {mode} {rates} req/s, {args.step_s:g}s steps, {args.users} users, {args.input_tokens} in / "
-               f"{args.output_tokens} out tokens, model {model or '(none)'} at {base}")
+    idle = idle_latency(base, args.idle_probes) if args.idle_probes > 0 else None
+    if idle and idle["ttft_ms"] is None:
+        idle = None
+    common.log(f"load: {mode} {rates} req/s, {args.step_s:g}s steps, {args.users} users on {workers} "
+               f"{'workers' if distributed else 'process'}, {args.input_tokens} in / {args.output_tokens} out "
+               f"tokens, model {model or '(none)'} at {base}"
+               + (f"; idle TTFT {idle['ttft_ms']:.1f} ms" if idle else ""))
     t0_epoch = time.time()
-    run = Runner(args, base)
+    run = Runner(args, base, sender, idle)
     try:
         passing, failing = run.search(mode, rates)
     finally:
-        runner.quit()
+        cpu_warning = sender.cpu_warning()
+        ended = sender.quit()
     if failing is None:
         bound, why = "offered-range", (f"no step failed up to {max(s['offered_rps'] for s in run.steps):g} req/s: "
                                        "the capacity is above the offered range" if run.steps else "no step ran")
     else:
         bound, why = failing["bound_by"], failing["bound_reason"]
     capacity = passing if bound in ("device", "server") else None
-    cap_step = next((s for s in run.steps if s["offered_rps"] == passing and s["slo_met"]), None)
+    cap_step = next((s for s in run.steps if s["offered_rps"] == passing and s["slo_met"] and s["valid"]), None)
+    invalid = [s["step"] for s in run.steps if not s["valid"]]
     result = common.base_result("loadgen")
     result.update(
         url=base, model=model, mode=mode, rates=rates, ramp_factor=args.ramp_factor,
@@ -427,14 +957,24 @@ def main(argv: list[str] | None = None) -> int:
         max_passing_rps=passing,
         first_failing_rps=failing["offered_rps"] if failing else None,
         at_capacity=cap_step,
+        invalid_steps=invalid,
+        client_saturated=bool(invalid),
+        validity_rule={"cpu_threshold": args.client_cpu_threshold, "flat_factor": args.flat_factor,
+                       "flat_slack_ms": loadclient.FLAT_SLACK_MS, "rate_tolerance": args.rate_tolerance},
+        idle_latency=idle,
+        latency_baseline=idle or run.floor,
+        load_client={"mode": sender.mode, "workers": workers, "cores_per_process": cores["cores"],
+                     "host_cpus": cores["host_cpus"], "target_rps": target, "calibration": calibration,
+                     "sizing": sizing, "master_port": getattr(sender, "port", None), **ended},
         server_metrics=any(s.get("server") for s in run.steps),
-        client_cpu_max=max((s["client_cpu"] for s in run.steps), default=None),
-        locust_cpu_warning=bool(getattr(runner, "cpu_warning_emitted", False)),
+        client_cpu_max=max((s["client_cpu"] for s in run.steps if s["client_cpu"] is not None), default=None),
+        locust_cpu_warning=cpu_warning,
         locust_version=locustfile.locust.__version__,
         verdict="pass" if capacity is not None else "inconclusive",
         ok=bool(run.steps) and any(s["ok"] for s in run.steps),
     )
-    common.log(f"capacity {capacity} req/s, bound by {bound}: {why}")
+    common.log(f"capacity {capacity} req/s, bound by {bound}: {why}"
+               + (f"; invalid steps (client-limited): {invalid}" if invalid else ""))
     common.emit(result)
     return 0 if result["ok"] else 1
 

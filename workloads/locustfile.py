@@ -7,6 +7,8 @@ due, sends the request and reads the streamed answer. Each send's lateness again
 due time (schedule lag) is kept: a send is late when every user was still busy (too few
 users, or a user pausing ``think_s`` after each answer) or the client's event loop was
 too busy to wake up in time. loadgen reports both the offered and the achieved rate.
+In locust's distributed mode each of N worker processes takes every N-th ticket of the
+same schedule (``Plan.begin_step(share=...)``), so together they offer the step's rate.
 
 Per request, timed here with ``time.perf_counter``: time to first token (TTFT), the
 gaps between streamed chunks (inter-token latency), end-to-end latency and the output
@@ -21,6 +23,7 @@ import locust  # first: it monkey-patches the standard library for gevent
 import json
 import os
 import random
+import re
 import time
 
 import gevent
@@ -40,6 +43,15 @@ def make_prompts(n: int, words: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
 
 
+
+def _token_arrived(rec: dict, t0: float, last: float | None, now: float) -> float:
+    """Record a streamed token's time: TTFT for the first, the gap since the last one after. Returns now."""
+    if last is None:
+        rec["ttft_s"] = now - t0
+    else:
+        rec["itl_s"].append(now - last)
+    return now
+
 class Plan:
     """What to send and what happened; one per process, shared by the users and loadgen."""
 
@@ -53,6 +65,7 @@ class Plan:
         self.prompts = make_prompts(64, int(os.environ.get("GPUPROOF_INPUT_TOKENS", "64")), 0)
         self.step = -1
         self.due: list[float] = []          # due times of the current step's tickets
+        self.tickets: list[int] = []        # their indexes in the step's whole schedule
         self.next_ticket = 0
         self.ticket_ready = Event()
         self.inflight = 0
@@ -61,16 +74,28 @@ class Plan:
         self.done: dict[int, int] = {}      # step -> requests finished (answered or failed)
         self._n = 0
 
-    def begin_step(self, step: int, rate: float, step_s: float, lead_s: float = 0.05) -> float:
-        """Schedule the step's tickets; returns its start time (perf_counter)."""
+    def begin_step(self, step: int, rate: float, step_s: float, lead_s: float = 0.05,
+                   share: tuple[int, int] = (0, 1)) -> float:
+        """Schedule the step's tickets; returns its start time (perf_counter).
+
+        ``share=(i, n)``: this process is worker ``i`` of ``n`` and sends tickets i, i+n, i+2n, ...
+        of the step's schedule, so ``n`` workers together offer ``rate`` on one schedule."""
         t0 = time.perf_counter() + lead_s
-        n = max(1, round(rate * step_s))
-        self.step, self.due, self.next_ticket = step, [t0 + i / rate for i in range(n)], 0
+        total = max(1, round(rate * step_s))
+        first, every = share
+        self.tickets = list(range(first, total, every))
+        self.step, self.due, self.next_ticket = step, [t0 + i / rate for i in self.tickets], 0
         self.ticket_ready.set()
         return t0
 
+    def configure(self, cfg: dict) -> None:
+        """What to send, as the master tells a worker (loadgen.py, distributed mode)."""
+        self.model, self.max_tokens = cfg["model"], cfg["max_tokens"]
+        self.ignore_eos, self.think_s = cfg["ignore_eos"], cfg["think_s"]
+        self.prompts = make_prompts(cfg["n_prompts"], cfg["input_tokens"], cfg["seed"])
+
     def end_step(self) -> None:
-        self.due, self.next_ticket = [], 0
+        self.due, self.tickets, self.next_ticket = [], [], 0
         self.ticket_ready.clear()
 
     def take(self):
@@ -80,7 +105,7 @@ class Plan:
             return None
         i = self.next_ticket
         self.next_ticket += 1
-        return self.step, i, self.due[i], time.perf_counter()
+        return self.step, self.tickets[i], self.due[i], time.perf_counter()
 
     def body(self) -> bytes:
         self._n += 1
@@ -95,6 +120,11 @@ class Plan:
 
 
 PLAN = Plan()
+# events that carry more than a token: decoded in full. Any other event's first "text" value is
+# the token (OpenAI completions put choices[0].text first); an escaped \"text\" inside a string
+# cannot match, since a backslash stands between its quotes.
+_NEEDS_PARSE = re.compile(rb'"(?:usage|error|gpuproof)"\s*:')
+_TEXT = re.compile(rb'"text"\s*:\s*"(.)', re.S)
 
 
 class _WholeBody:
@@ -168,6 +198,13 @@ class InferenceUser(FastHttpUser):
             if data == b"[DONE]":  # read on to the end of the body, so the connection can be reused
                 continue
             now = time.perf_counter()
+            if not _NEEDS_PARSE.search(data):
+                # a plain token event (most of them): whether its text is empty is all it can tell, so
+                # spare the JSON decoding, a third of this client's CPU per streamed request
+                m = _TEXT.search(data)
+                if m and m.group(1) != b'"':
+                    chunks, last = chunks + 1, _token_arrived(rec, t0, last, now)
+                continue
             msg = json.loads(data)
             if msg.get("error"):
                 rec["error"] = str(msg["error"])[:200]
@@ -176,12 +213,7 @@ class InferenceUser(FastHttpUser):
                 usage_tokens = usage["completion_tokens"]
             choices = msg.get("choices") or []
             if choices and choices[0].get("text"):
-                chunks += 1
-                if last is None:
-                    rec["ttft_s"] = now - t0
-                else:
-                    rec["itl_s"].append(now - last)
-                last = now
+                chunks, last = chunks + 1, _token_arrived(rec, t0, last, now)
             if msg.get("gpuproof"):
                 rec["server"] = msg["gpuproof"]
         rec["e2e_s"] = time.perf_counter() - t0

@@ -193,22 +193,28 @@ class Inference(Benchmark):
     name = "inference"
     script = "inference_server"
     description = ("LLM serving (OpenAI-compatible, streamed): TTFT, TPOT, output tokens/s, goodput and a capacity "
-                   "search that says what bound it (device, server, client, offered-range)")
+                   "search that says what bound it (device, server, client, offered-range); steps the load client "
+                   "limited are marked invalid; locust master + N workers when one process cannot offer the rate")
     defaults = {"rates": "1:1024", "step_s": 15.0, "drain_s": 60.0, "input_tokens": 512, "output_tokens": 128,
                 "slo_ttft_ms": 1000.0, "slo_tpot_ms": 100.0, "slo_attainment": 0.95, "max_error_rate": 0.0,
                 "users": 512, "bisect_steps": 3, "size": "auto", "max_batch": None, "sample_hz": 10.0,
-                "threads": None, "url": None, "model": None}
+                "threads": None, "url": None, "model": None,
+                # the load client: one process, N, or 'auto' (N from a calibration of its per-core rate)
+                "workers": "auto", "target_rps": None, "headroom": None, "max_workers": None, "calibrate_s": None}
     cpu_defaults = {"rates": "1:256", "step_s": 4.0, "drain_s": 30.0, "input_tokens": 64, "output_tokens": 32,
-                    "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2}
+                    "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2, "workers": 1}
     ci_params = {"rates": "1:2", "step_s": 2.0, "input_tokens": 16, "output_tokens": 8, "slo_ttft_ms": 5000.0,
-                 "slo_tpot_ms": 1000.0, "slo_attainment": 0.5, "users": 8, "size": "tiny", "threads": 1}
+                 "slo_tpot_ms": 1000.0, "slo_attainment": 0.5, "users": 8, "size": "tiny", "threads": 1,
+                 "workers": 1}
     server_flags = {"device": "--device", "size": "--model", "max_batch": "--max-batch", "sample_hz": "--sample-hz",
                     "threads": "--threads"}
     load_flags = {"rates": "--rates", "step_s": "--step-s", "drain_s": "--drain-s", "input_tokens": "--input-tokens",
                   "output_tokens": "--output-tokens", "slo_ttft_ms": "--slo-ttft-ms", "slo_tpot_ms": "--slo-tpot-ms",
                   "slo_attainment": "--slo-attainment", "max_error_rate": "--max-error-rate", "users": "--users",
                   "think_ms": "--think-ms", "bisect_steps": "--bisect-steps", "ramp_factor": "--ramp-factor",
-                  "max_steps": "--max-steps", "max_requests": "--max-requests", "model": "--model"}
+                  "max_steps": "--max-steps", "max_requests": "--max-requests", "model": "--model",
+                  "workers": "--workers", "target_rps": "--target-rps", "headroom": "--headroom",
+                  "max_workers": "--max-workers", "calibrate_s": "--calibrate-s", "per_core_rps": "--per-core-rps"}
     timeout_s = 3600
     ready_timeout_s = 600.0
 
@@ -291,7 +297,7 @@ class Inference(Benchmark):
         "tpot_p50_ms": "ms", "tpot_p90_ms": "ms", "tpot_p99_ms": "ms", "itl_p50_ms": "ms", "itl_p99_ms": "ms",
         "output_tokens_per_s": "tokens/s", "goodput_rps": "req/s", "slo_attainment": "ratio",
         "error_rate": "ratio", "requests": "count", "slo_met": "bool", "client_cpu": "ratio",
-        "schedule_lag_p95_ms": "ms",
+        "schedule_lag_p95_ms": "ms", "client_cpu_of_usable": "ratio",
     }
     SERVER_METRICS = {"engine_busy": ("server_busy", "ratio"), "overhead_ms": ("server_overhead_ms", "ms"),
                       "model_ms": ("model_ms_per_request", "ms"),
@@ -318,6 +324,23 @@ class Inference(Benchmark):
                 recs.append(self.record(metric, row.get(metric), unit, p, node, product))
             for key, (metric, unit) in self.SERVER_METRICS.items():
                 recs.append(self.record(metric, (row.get("server") or {}).get(key), unit, p, node, product))
+            # a step the client limited (saturated CPU, or short of the offered rate with flat server
+            # latency) is marked here and in the report; it is never a capacity
+            if "valid" in row:
+                recs.append(self.record("step_valid", bool(row["valid"]), "bool",
+                                        {**p, "invalid_reason": row.get("invalid_reason") or ""}, node, product))
+                recs.append(self.record("load_senders", (row.get("client") or {}).get("senders"), "count", p,
+                                        node, product))
+        client = load.get("load_client") or {}
+        if client:
+            cal = client.get("calibration") or {}
+            mode = {**base, "mode": client.get("mode")}
+            recs += [
+                self.record("load_workers", client.get("workers"), "count", mode, node, product),
+                self.record("client_per_core_rps", cal.get("per_core_rps"), "req/CPU-s",
+                            {**mode, "given": bool(cal.get("given"))}, node, product),
+                self.record("invalid_steps", len(load.get("invalid_steps") or []), "count", mode, node, product),
+            ]
         cap = load.get("at_capacity") or {}
         bound = {**base, "bound_by": load.get("bound_by")}
         recs += [
@@ -351,35 +374,109 @@ class Inference(Benchmark):
         server = wl.inference_manifests(name, labels=labels, namespace=namespace, image=image, gpus=gpus,
                                         resource=resource,
                                         product=product, node=node, server_args=self.workload_args(params))
-        load = wl.loadgen_pod(f"{name}-load", wl.service_url(name, namespace), self.load_args(params),
+        from ..loadpods import DISTRIBUTION_FLAGS, pick_flags
+
+        # one load generator pod; run_in_cluster sizes and starts a master + N worker pods where needed
+        load = wl.loadgen_pod(f"{name}-load", wl.service_url(name, namespace),
+                              pick_flags(self.load_args(params), drop=DISTRIBUTION_FLAGS),
                               labels=labels, namespace=namespace, image=loadgen_image)
         return [*server, load]
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
                        timeout: float | None = None, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> dict:
-        """Deployment + Service on the GPU node; once Ready, the load generator pod in the cluster.
-        With ``params["url"]`` (the user's endpoint) only the load generator pod runs."""
+        """Deployment + Service on the GPU node; once Ready, the load generator in the cluster
+        (:meth:`run_load_in_cluster`). With ``params["url"]`` (the user's endpoint) only the load."""
         name = pod_name("infer", product)
         ensure_configmap(run)
+        timeout = timeout or self.timeout_s
         if params.get("url"):  # the user's own endpoint: only the load generator, in the cluster
-            load = wl.loadgen_pod(f"{name}-load", params["url"], self.load_args(params), labels=run.labels,
-                                  namespace=run.namespace, image=loadgen_image)
-            with applied(run, [load]):
-                run.wait_pod_done(load["metadata"]["name"], timeout=timeout or self.timeout_s)
-                load_result = wl.parse_result(run.pod_logs(load["metadata"]["name"]), what="the load generator")
-            return self.combine(load_result, None, [])
-        deployment, service, load = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name,
-                                                   product=product, node=node, image=image, gpus=gpus,
-                                                   resource=resource, loadgen_image=loadgen_image)
+            return self.combine(self.run_load_in_cluster(run, params, params["url"], name, loadgen_image, timeout),
+                                None, [])
+        server = wl.inference_manifests(name, labels=run.labels, namespace=run.namespace, image=image, gpus=gpus,
+                                        resource=resource, product=product, node=node,
+                                        server_args=self.workload_args(params))
         selector = f"{wl.WORKLOAD_LABEL}={name},{wl.COMPONENT_LABEL}=inference-server"
-        with applied(run, [deployment, service]):
+        with applied(run, server):
             run.wait_pods(lambda c: next((p for p in c.values() if pod_ready(p)), None), self.ready_timeout_s,
                           f"the inference server of Deployment {name} to be Ready", label_selector=selector)
-            with applied(run, [load]):
-                run.wait_pod_done(load["metadata"]["name"], timeout=timeout or self.timeout_s)
-                load_result = wl.parse_result(run.pod_logs(load["metadata"]["name"]), what="the load generator")
+            load_result = self.run_load_in_cluster(run, params, wl.service_url(name, run.namespace), name,
+                                                   loadgen_image, timeout)
         return self.combine(load_result, None, [])
+
+    def run_load_in_cluster(self, run, params: dict, url: str, name: str, image: str, timeout: float) -> dict:
+        """The load generator against ``url`` from pods: one pod, or, when the target rate needs more
+        than one pod's CPU, locust's distributed mode (a master pod and N worker pods).
+
+        ``workers: auto`` first runs a calibration pod of the worker's size (its requests per
+        CPU-second against a stand-in endpoint with answers of the real shape) and sizes
+        N = ceil(target / (per-core rate x headroom)); the calibration goes into the result."""
+        from .. import loadpods
+
+        args = self.load_args(params)
+        workers, calibration, sizing = params.get("workers") or 1, None, None
+        if str(workers) == "auto":
+            if params.get("per_core_rps"):
+                calibration = {"per_core_rps": float(params["per_core_rps"]), "given": True}
+                target = params.get("target_rps") or max(float(x) for x in
+                                                         str(params.get("rates") or "1").replace(":", ",").split(","))
+                sizing = loadpods.size_workers(target, calibration["per_core_rps"], params.get("headroom"),
+                                               params.get("max_workers"))
+            else:
+                pod = loadpods.calibration_pod(f"{name}-cal", args, labels=run.labels, namespace=run.namespace,
+                                               image=image)
+                with applied(run, [pod]):
+                    run.wait_pod_done(pod["metadata"]["name"], timeout=600)
+                    cal = wl.parse_result(run.pod_logs(pod["metadata"]["name"]),
+                                          what="the load generator's calibration pod")
+                if not cal.get("ok"):
+                    raise GpuproofError(f"the load generator's calibration failed: {cal.get('error')}")
+                calibration, sizing = {**cal["calibration"], "in": "pod", "cores": cal.get("cores")}, cal["sizing"]
+            workers = sizing["workers"]
+        workers = int(workers)
+        if workers <= 1:
+            load = wl.loadgen_pod(f"{name}-load", url, loadpods.pick_flags(args, drop=loadpods.DISTRIBUTION_FLAGS),
+                                  labels=run.labels, namespace=run.namespace, image=image)
+            with applied(run, [load]):
+                run.wait_pod_done(load["metadata"]["name"], timeout=timeout)
+                result = wl.parse_result(run.pod_logs(load["metadata"]["name"]), what="the load generator")
+        else:
+            objs = loadpods.distributed_manifests(name, url, args, workers, labels=run.labels,
+                                                  namespace=run.namespace, image=image)
+            master = objs[1]["metadata"]["name"]
+            with applied(run, objs):
+                run.wait_pod_done(master, timeout=timeout)
+                result = wl.parse_result(run.pod_logs(master), what=f"the locust master pod {master}")
+                result.setdefault("load_client", {})["worker_pods"] = self._worker_pods(run, name, workers)
+        result.setdefault("load_client", {}).update(calibration=calibration, sizing=sizing)
+        return result
+
+    @staticmethod
+    def _worker_pods(run, name: str, workers: int) -> list[dict]:
+        """Each worker pod's own totals (its last log line), once the pods have ended (best effort)."""
+        from .. import loadpods
+        from ..errors import WaitTimeout
+
+        selector = loadpods.worker_selector(name)
+
+        def ended(cache):
+            pods = list(cache.values())
+            return pods if len(pods) >= workers and all(p.status.phase in ("Succeeded", "Failed") for p in pods) \
+                else None
+
+        try:
+            pods = run.wait_pods(ended, 120, f"the {workers} locust worker pods of {name} to end",
+                                 label_selector=selector)
+        except WaitTimeout as exc:
+            return [{"ok": False, "error": str(exc)}]
+        out = []
+        for p in pods:
+            try:
+                out.append({"pod": p.metadata.name, "node": p.spec.node_name,
+                            **wl.parse_result(run.pod_logs(p.metadata.name), what=f"worker pod {p.metadata.name}")})
+            except GpuproofError as exc:
+                out.append({"pod": p.metadata.name, "ok": False, "error": str(exc)})
+        return out
 
 
 def run_and_record(name: str, run_dir, params: dict, *, node: str = "local", product: str = "",

@@ -16,13 +16,14 @@ from .data import Run, sample_fields
 from .inventory_diff import fleet_table
 from .summary import benchmark_tables, failures_table, matrix_table, run_facts
 from .svg import bar_chart, figure, line_chart
-from .tables import Cell, Table, fmt_bytes, natural_key, shorten
+from .tables import Cell, Table, fmt_bytes, fmt_num, natural_key, shorten
 from .views import (
     VERDICT_ORDER,
     Series,
     allreduce_series,
     inference_load_axis,
     inference_series,
+    invalid_loads,
     matmul_bars,
     pool_of,
     problem_checks,
@@ -148,19 +149,30 @@ def _allreduce(run: Run) -> str:
     return figure("allreduce", "All-reduce bus bandwidth against message size", svg, legend)
 
 
+def _invalid_note(invalid: list[tuple[str, float, str]], product: str | None = None) -> str:
+    """Which plotted loads the client limited (they are measurements of the client, not the server)."""
+    loads = [f"{fmt_num(load)} req/s" + ("" if product else f" ({p})") for p, load, _ in invalid
+             if product is None or p == product]
+    return ("Invalid load steps, limited by the load generator (not the server's limit, no capacity): "
+            + ", ".join(loads) + "." if loads else "")
+
+
 def _inference(run: Run) -> str:
     axis = inference_load_axis(run.metrics)
+    invalid = invalid_loads(run.metrics)
     out = []
     for i, (name, series) in enumerate(inference_series(run.metrics).items()):
         if name.startswith("latency "):
             product = name[len("latency "):]
             svg, legend = line_chart(series, chart_id=f"chart-latency-{i}", title=f"Latency percentiles, {product}",
                                      x_label=axis, y_label="latency (ms)")
-            out.append(figure("latency", f"Latency percentiles against offered load · {product}", svg, legend))
+            out.append(figure("latency", f"Latency percentiles against offered load · {product}", svg, legend,
+                              _invalid_note(invalid, product)))
         else:
             svg, legend = line_chart(series, chart_id="chart-throughput", title="Achieved throughput",
                                      x_label=axis, y_label="requests/s")
-            out.append(figure("throughput", "Achieved throughput against offered load", svg, legend))
+            out.append(figure("throughput", "Achieved throughput against offered load", svg, legend,
+                              _invalid_note(invalid)))
     return "".join(out)
 
 

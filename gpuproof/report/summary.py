@@ -136,11 +136,18 @@ def benchmark_tables(run: Run) -> list[tuple[str, Table]]:
         cols = ["latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "throughput_rps",
                 "goodput_rps", "error_rate"]
         present = [c for c in cols if any(c in r for r in inf)]
+        marked = any("step_valid" in r for r in inf)   # runs that record whether the client kept up
         t = Table(["product", "offered load"] + [c.replace("latency_", "").replace("_ms", " (ms)")
-                                                 .replace("_rps", " (req/s)") for c in present],
-                  align="lr" + "r" * len(present))
+                                                 .replace("_rps", " (req/s)") for c in present]
+                  + (["step"] if marked else []),
+                  align="lr" + "r" * len(present) + ("l" if marked else ""),
+                  note="invalid: the load generator, not the server, limited that step (saturated client CPU, "
+                       "or the offered rate not reached while the server's latency stayed flat); it is not the "
+                       "server's limit and gives no capacity" if any(r.get("invalid_reason") for r in inf) else "")
         for r in inf:
-            t.add(r["product"], fmt_num(r["load"]), *[fmt_num(r.get(c)) for c in present])
+            step = ([f"⚠️ invalid: {shorten(r['invalid_reason'], 160)}" if r.get("invalid_reason") else "valid"]
+                    if marked else [])
+            t.add(r["product"], fmt_num(r["load"]), *[fmt_num(r.get(c)) for c in present], *step)
         out.append(("Inference latency against offered load", t))
     columns, rows = utilization_rows(run.metrics)
     if rows:

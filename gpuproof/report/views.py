@@ -18,7 +18,7 @@ LATENCY_METRICS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latenc
 KNOWN = {
     "matmul": ("tflops", "ratio_to_peak"),
     "allreduce": ("algbw", "busbw", "avg_busbw", "max_busbw"),
-    "inference": LATENCY_METRICS + ("throughput_rps", "error_rate", "goodput_rps"),
+    "inference": LATENCY_METRICS + ("throughput_rps", "error_rate", "goodput_rps", "step_valid"),
 }
 # Other names the benchmarks use for the same numbers (gpuproof.bench writes these).
 ALIASES = {
@@ -147,16 +147,28 @@ def inference_load_axis(metrics) -> str:
 
 
 def inference_table_rows(metrics) -> list[dict]:
-    """One row per (product, offered load) with every inference metric as a column."""
+    """One row per (product, offered load) with every inference metric as a column; a load step
+    the client limited (``step_valid`` 0) has ``step_valid: 0.0`` and its ``invalid_reason``."""
     df = _rows(metrics, "inference", KNOWN["inference"])
     if df.empty:
         return []
     df["load"] = [_num(p.get("target_rps", p.get("rate", p.get("step")))) for p in df["params"]]
     pivot = df.pivot_table(index=["product", "load"], columns="metric", values="value", aggfunc="mean")
+    invalid = {(r.product, r.load): str(r.params.get("invalid_reason") or "client-limited")
+               for r in df[(df["metric"] == "step_valid") & (df["value"] < 1)].itertuples()}
     rows = []
     for (product, load), values in pivot.iterrows():
-        rows.append({"product": product, "load": load, **{k: v for k, v in values.items() if v == v}})
+        row = {"product": product, "load": load, **{k: v for k, v in values.items() if v == v}}
+        if (product, load) in invalid:   # any invalid record at this load marks it (several nodes: any of them)
+            row.update(step_valid=0.0, invalid_reason=invalid[(product, load)])
+        rows.append(row)
     return rows
+
+
+def invalid_loads(metrics) -> list[tuple[str, float, str]]:
+    """(product, offered load, reason) of the load steps the client limited."""
+    return [(r["product"], r["load"], r["invalid_reason"]) for r in inference_table_rows(metrics)
+            if r.get("invalid_reason")]
 
 
 def allreduce_peaks(metrics) -> list[dict]:

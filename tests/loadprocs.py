@@ -1,0 +1,36 @@
+"""Starting and stopping the load workloads' servers (inference server, loadstub) as processes on 127.0.0.1."""
+
+import json
+import os
+import subprocess
+import sys
+
+from gpuproof.workloads import WORKLOADS_DIR, import_workload
+
+wait_until = import_workload("workload_common").wait_until
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def last_json(text):
+    return json.loads([line for line in text.splitlines() if line.strip()][-1])
+
+
+def start_process(script, tmp_path, *args):
+    """A workload server on 127.0.0.1 and a free port (its --port-file); returns (url, process)."""
+    port_file = tmp_path / f"{script}.port"
+    proc = subprocess.Popen([sys.executable, str(WORKLOADS_DIR / script), "--host", "127.0.0.1", "--port", "0",
+                             "--port-file", str(port_file), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    port = wait_until(lambda: port_file.exists() and port_file.read_text().strip(), 90, f"{script}'s port file")
+    return f"http://127.0.0.1:{port}", proc
+
+
+def stop_process(proc) -> dict:
+    """SIGTERM, then its JSON summary (both servers print one on SIGTERM)."""
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return last_json(out)
