@@ -102,21 +102,6 @@ class Cluster:
     def version(self) -> str:
         return k8s.VersionApi(self.api).get_code().git_version
 
-    def can_i(self, verb: str, resource: str, namespace: str | None = None, group: str = "") -> bool:
-        resource, _, sub = resource.partition("/")
-        review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=k8s.V1ResourceAttributes(verb=verb, resource=resource, group=group,
-                                                         namespace=namespace, subresource=sub or None)))
-        return bool(self.auth.create_self_subject_access_review(review).status.allowed)
-
-    def require_permissions(self, needed: Iterable[tuple[str, str, str]]) -> None:
-        """Fail before doing anything if any (verb, resource, group) is not allowed."""
-        missing = [f"{v} {(g + '/') if g else ''}{r}" for v, r, g in needed if not self.can_i(v, r, group=g)]
-        if missing:
-            raise ClusterError(f"the credentials for cluster {self.name} lack permissions gpuproof needs: "
-                               + ", ".join(missing) + ". Ask for a role that grants them, or run with a "
-                               "kubeconfig that has them.")
-
     # ---------------------------------------------------------------- nodes
 
     def nodes(self) -> list[k8s.V1Node]:
