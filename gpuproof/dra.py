@@ -474,11 +474,10 @@ def claims_of_pod(run, pod) -> list[dict]:
     return out
 
 
-def allocated_elsewhere(cluster, exclude_namespace: str = "") -> set[tuple[str, str]]:
-    """(pool, device) of every device allocated to a claim anywhere (but ``exclude_namespace``)."""
+def allocated_devices(cluster) -> set[tuple[str, str]]:
+    """(pool, device) of every gpu.nvidia.com device allocated to a claim, in any namespace."""
     items = cluster.custom.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")["items"]
-    return {(pool, dev) for c in items if c["metadata"].get("namespace") != exclude_namespace
-            for drv, pool, dev in allocated(c) if drv == DRIVER}
+    return {(pool, dev) for c in items for drv, pool, dev in allocated(c) if drv == DRIVER}
 
 
 def describe_allocation(claims: list[dict], devices: dict[tuple[str, str], Device]) -> str:

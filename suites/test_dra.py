@@ -30,9 +30,9 @@ def _devices(discovery) -> dict[tuple[str, str], dra.Device]:
     return {(d.pool, d.name): d for d in discovery.dra_devices or []}
 
 
-def _free(discovery, target, run, kind: str = "gpu") -> dict[str, list[dra.Device]]:
+def _free(discovery, target, kind: str = "gpu") -> dict[str, list[dra.Device]]:
     """node -> its devices of a kind ('gpu' or a MIG profile) that no claim holds, on placeable DRA nodes."""
-    taken = dra.allocated_elsewhere(target.cluster, exclude_namespace="")
+    taken = dra.allocated_devices(target.cluster)
     out = {}
     for n in discovery.dra_placeable:
         free = [d for d in n.dra_devices if (d.type == kind or d.profile == kind) and (d.pool, d.name) not in taken]
@@ -136,7 +136,7 @@ def test_not_offered_twice(gpu_node, check):
 def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-claim-allocated")
     devices = _devices(discovery)
-    free = _free(discovery, target, run)
+    free = _free(discovery, target)
     products = sorted({d.attributes.get("productName") for ds in free.values() for d in ds})
     if not products:
         check.skip("dra-claim-allocated", "no free whole GPU published through DRA on a node that takes pods")
@@ -164,7 +164,7 @@ def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, ch
 def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-cel")
     devices = _devices(discovery)
-    free = [d for ds in _free(discovery, target, run).values() for d in ds]
+    free = [d for ds in _free(discovery, target).values() for d in ds]
     if not free:
         check.skip("dra-cel", "no free whole GPU published through DRA on a node that takes pods")
     top_mem = max(d.memory_mib or 0 for d in free)
@@ -199,7 +199,7 @@ def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, chec
 def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-shared-claim")
     devices = _devices(discovery)
-    free = _free(discovery, target, run)
+    free = _free(discovery, target)
     if not free:
         check.skip("dra-shared-claim", "no free whole GPU published through DRA on a node that takes pods")
     scratch.create(dra.claim("shared-gpu", [dra.request("gpu", dra.GPU_CLASS, 1)]))
@@ -231,7 +231,7 @@ def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check)
 def test_two_devices_with_match_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-match-attribute")
     devices = _devices(discovery)
-    roomy = {n: ds for n, ds in _free(discovery, target, run).items() if len(ds) >= 2}
+    roomy = {n: ds for n, ds in _free(discovery, target).items() if len(ds) >= 2}
     if not roomy:
         check.skip("dra-match-attribute", "no node with two free whole GPUs published through DRA")
     attr = f"{dra.DRIVER}/productName"
@@ -260,7 +260,7 @@ def test_mig_devices_by_profile(discovery, run, scratch, target, check):
             where.setdefault(d.profile, set()).add(d.node)
     if not where:
         check.skip("dra-mig-placement", f"no node publishes MIG devices through {dra.DRIVER}")
-    taken = dra.allocated_elsewhere(target.cluster)
+    taken = dra.allocated_devices(target.cluster)
     for i, (profile, nodes) in enumerate(sorted(where.items())):
         if all((d.pool, d.name) in taken for d in discovery.dra_devices if d.profile == profile):
             check.record("dra-mig-placement", "skip", message=f"every {profile} device is allocated to other claims",
@@ -287,7 +287,7 @@ def test_mig_devices_by_profile(discovery, run, scratch, target, check):
                      requests="a claim each from fill", note="pinned to the DRA node with the fewest free GPUs")
 def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-exhaust")
-    free = _free(discovery, target, run)
+    free = _free(discovery, target)
     if not free:
         check.skip("dra-exhaust", "no free whole GPU published through DRA on a node that takes pods")
     node = min(free, key=lambda n: (len(free[n]), n))
@@ -323,7 +323,7 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     from gpuproof.suite import nvml_device_ids
 
     devices = _devices(discovery)
-    if not _free(discovery, target, run):
+    if not _free(discovery, target):
         check.skip("dra-probe-uuid", "no free whole GPU published through DRA on a node that takes pods")
     run.try_apply(workloads.configmap(labels=run.labels, namespace=run.namespace))
     run.apply(dra.claim_template("probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))

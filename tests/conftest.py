@@ -129,3 +129,16 @@ def run_in(embedded):
         yield run
     finally:
         run.cleanup(wait=False)
+
+
+@pytest.fixture(scope="module")
+def stub(tmp_path_factory):
+    """``workloads/loadstub.py`` on 127.0.0.1 for a test module (a fast endpoint shaped like an inference
+    server's answers); its URL."""
+    from loadprocs import start_process, stop_process
+
+    url, proc = start_process("loadstub.py", tmp_path_factory.mktemp("stub"))
+    try:
+        yield url
+    finally:
+        assert stop_process(proc)["ok"]

@@ -34,3 +34,4 @@ def stop_process(proc) -> dict:
         proc.kill()
         out, _ = proc.communicate()
     return last_json(out)
+

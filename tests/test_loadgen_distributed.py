@@ -42,14 +42,6 @@ def served_ok(url):
         return json.loads(resp.read())["ok"]
 
 
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    url, proc = start_process("loadstub.py", tmp_path_factory.mktemp("stub"))
-    try:
-        yield url
-    finally:
-        assert stop_process(proc)["ok"]
-
 
 # ------------------------------------------------------------------ master + workers on loopback
 

@@ -15,8 +15,6 @@ never taken for the server's limit or for a capacity.
 import subprocess
 import sys
 
-import pytest
-
 from gpuproof.bench import get
 from gpuproof.report.data import load_run
 from gpuproof.report.html import render_html
@@ -36,14 +34,6 @@ def run_loadgen(*args, timeout=180):
     assert proc.returncode == 0, proc.stderr[-3000:]
     return last_json(proc.stdout)
 
-
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory):
-    url, proc = start_process("loadstub.py", tmp_path_factory.mktemp("stub"))
-    try:
-        yield url
-    finally:
-        assert stop_process(proc)["ok"]
 
 
 # ------------------------------------------------------------------ a really saturated client
