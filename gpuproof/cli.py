@@ -26,8 +26,9 @@ Acceptance and benchmark suite for GPU Kubernetes clusters.
 
 By default everything runs against an embedded cluster (real kube-apiserver,
 scheduler, controller-manager and etcd, with kwok nodes that advertise GPUs as the
-NVIDIA device plugin and GPU Feature Discovery do). A real cluster is used only
-when you name it with --kubeconfig / --context.
+NVIDIA device plugin and GPU Feature Discovery do, or publish them as NVIDIA's DRA
+driver does). A real cluster is used only when you name it with --kubeconfig /
+--context.
 """
 
 EPILOG = """\
