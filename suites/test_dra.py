@@ -54,6 +54,9 @@ def _allocation_ok(run, p, devices, want) -> tuple[bool, str]:
     """Pod running, every claim allocated, each device on the pod's node and satisfying ``want``."""
     claims = dra.claims_of_pod(run, p)
     desc = f"{pod_outcome(p)}; {dra.describe_allocation(claims, devices)}"
+    if not claims:      # bound before its claim was even made: nothing was allocated for it
+        refs = [r.resource_claim_template_name or r.resource_claim_name for r in p.spec.resource_claims or []]
+        desc = f"{pod_outcome(p)}; claim from {', '.join(refs)}: not allocated (none made for the pod yet)"
     if p.status.phase != "Running" or not claims:
         return False, desc
     for c in claims:
