@@ -121,8 +121,7 @@ class GpuNode:
     @property
     def device_plugin(self) -> bool:
         """The node advertises GPU extended resources (nvidia.com/gpu, .shared, mig-*)."""
-        return any((res in (GPU, GPU_SHARED) or MIG_RESOURCE.match(res)) and (_int(v) or 0) > 0
-                   for res, v in self.capacity.items())
+        return advertises_gpus(self.capacity)
 
     @property
     def dra(self) -> bool:
@@ -369,10 +368,7 @@ class Discovery:
 
     @property
     def products(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for n in self.gpu_nodes:
-            out.setdefault(n.product or "(no product label)", []).append(n.name)
-        return out
+        return products_of(self.gpu_nodes)
 
     @property
     def placeable(self) -> list[GpuNode]:
@@ -411,8 +407,21 @@ def is_gpu_node(labels: dict, capacity: dict, dra_devices: list | None = None) -
         return True
     if catalog.instance_type(labels.get(INSTANCE_TYPE)):
         return True
+    return advertises_gpus(capacity)
+
+
+def advertises_gpus(capacity: dict) -> bool:
+    """Some NVIDIA GPU extended resource (nvidia.com/gpu, nvidia.com/gpu.shared, nvidia.com/mig-*) above 0."""
     return any((res == GPU or res == GPU_SHARED or MIG_RESOURCE.match(res)) and (_int(v) or 0) > 0
                for res, v in capacity.items())
+
+
+def products_of(nodes: Iterable[GpuNode]) -> dict[str, list[str]]:
+    """Product -> names of those nodes."""
+    out: dict[str, list[str]] = {}
+    for n in nodes:
+        out.setdefault(n.product or "(no product label)", []).append(n.name)
+    return out
 
 
 def discover(nodes: Iterable, pool_label: str | None = None, slices: list[dict] | None = None,

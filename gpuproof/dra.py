@@ -106,11 +106,6 @@ class Device:
     def ref(self) -> str:
         return f"{self.pool}/{self.name}"
 
-    def as_record(self) -> dict:
-        return {"driver": self.driver, "pool": self.pool, "device": self.name, "slice": self.slice,
-                "type": self.type, "uuid": self.uuid, "productName": self.attributes.get("productName"),
-                "memory": self.capacity.get("memory"), "profile": self.profile or None}
-
 
 def _value(attr: dict) -> Any:
     for kind in ("string", "int", "bool", "version"):
@@ -220,15 +215,15 @@ def memory_slices(profile: str, product: str) -> int:
     return min((1, 2, 4, 8), key=lambda n: abs(n - share))
 
 
-def gpu_devices(node: str, gpu, mig, driver_version: str, cuda_version: str, sms: int = 0) -> list[dict]:
+def gpu_devices(node: str, gpu, mig) -> list[dict]:
     """The ``devices`` of the slice NVIDIA's kubelet plugin would publish for a node's GPUs."""
     known = catalog.lookup(gpu.product)
     name = nvml_name(gpu.product)
     brand = "Tesla" if gpu.product.startswith("Tesla") else "Nvidia"
     arch = ARCHITECTURES.get(gpu.family, gpu.family.title())
     cc = f"{gpu.compute[0]}.{gpu.compute[1]}.0"
-    drv = ".".join((driver_version.split(".") + ["0", "0"])[:3])
-    cuda = ".".join((cuda_version.split(".") + ["0", "0"])[:3])
+    drv = ".".join((gpu.driver_version.split(".") + ["0", "0"])[:3])
+    cuda = ".".join((gpu.cuda_version.split(".") + ["0", "0"])[:3])
     devices = []
     for minor in range(gpu.count):
         gpu_uuid = "GPU-" + _uuid_for(node, str(minor))
@@ -249,7 +244,7 @@ def gpu_devices(node: str, gpu, mig, driver_version: str, cuda_version: str, sms
             prof = known.mig_profile(profile) if known else None
             g = int(profile.split("g.")[0])
             gi = _GI_PROFILE_IDS.get((g, size), 0)
-            capacity = {"multiprocessors": {"value": str((known.sms if known else sms) * g // 7)},
+            capacity = {"multiprocessors": {"value": str((known.sms if known else 0) * g // 7)},
                         "copyEngines": {"value": str(g)}, "decoders": {"value": "0"}, "encoders": {"value": "0"},
                         "jpegEngines": {"value": "0"}, "ofaEngines": {"value": "0"},
                         "memory": {"value": f"{prof.memory_mib if prof else gpu.memory_mib * size // 8}Mi"}}
@@ -375,6 +370,8 @@ def attribute_mismatches(node) -> tuple[list[str], list[str]]:
     architecture (``gpu.family``), compute capability (``gpu.compute.major/minor``) and driver version
     (``cuda.driver-version.full``). Where no label says, the product catalog must find it plausible.
     """
+    from .discovery import _int
+
     lab = node.labels
     product_label = catalog.base_product(lab.get("nvidia.com/gpu.product", "")) if node.gfd else ""
     known = catalog.lookup(product_label) if product_label else None
@@ -452,12 +449,6 @@ def duplicates(devices: Iterable[Device]) -> list[str]:
             for (_, pool, name), slices in sorted(by_name.items()) if len(slices) > 1]
     return out
 
-
-def _int(value) -> int | None:
-    try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return None
 
 
 # ----------------------------------------------------------------------------- claims on a live cluster

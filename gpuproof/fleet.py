@@ -352,15 +352,15 @@ class Pool:
             return []
         out = []
         for i, name in enumerate(self.node_names()):
-            devices = dra.gpu_devices(name, self.gpu, self.mig, self.gpu.driver_version, self.gpu.cuda_version)
+            devices = dra.gpu_devices(name, self.gpu, self.mig)
             faults = [f for f in self.faults if f.node is None or f.node == i]
             duplicate = None
             for fault in faults:
-                devices = [d for d in devices if d["name"] not in fault.dra_drop_devices]
-                for d in devices:
+                devices = [dev for dev in devices if dev["name"] not in fault.dra_drop_devices]
+                for dev in devices:
                     for key, value in fault.dra_set_attributes.items():
-                        kind = next(iter(d["attributes"].get(key) or {"string": None}))
-                        d["attributes"][key] = {kind: value}
+                        kind = next(iter(dev["attributes"].get(key) or {"string": None}))
+                        dev["attributes"][key] = {kind: value}
                 if fault.dra_duplicate_device and devices:
                     duplicate = copy.deepcopy(devices[0])
             uid = node_uids.get(name, "")

@@ -371,11 +371,9 @@ def discovery(target):
 @pytest.fixture(scope="session")
 def gpu_products(discovery) -> dict[str, list[str]]:
     """Product -> nodes, for the benchmarks: their pods ask nvidia.com/gpu, so DRA-only nodes are left out."""
-    out: dict[str, list[str]] = {}
-    for n in discovery.gpu_nodes:
-        if not n.dra_only:
-            out.setdefault(n.product or "(no product label)", []).append(n.name)
-    return out
+    from .discovery import products_of
+
+    return products_of(n for n in discovery.gpu_nodes if not n.dra_only)
 
 
 @pytest.fixture

@@ -108,6 +108,7 @@ class Scratch:
         self.run = run
         self.names: list[str] = []
         self.claims: list[tuple[str, str]] = []     # (kind, name) of ResourceClaims and templates made here
+        self.uses_claims = False                    # some object here made or used a claim: wait for them at close
         self.timeout = timeout
         self.avoid = sorted(avoid or [])
 
@@ -115,18 +116,16 @@ class Scratch:
         if manifest.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
             obj = self.run.apply(manifest)
             self.claims.append((manifest["kind"], manifest["metadata"]["name"]))
+            self.uses_claims = True
             return obj
         obj = self.run.apply(keep_off(manifest, self.avoid))
         self.names.append(manifest["metadata"]["name"])
-        if manifest["spec"].get("resourceClaims"):
-            self.claims.append(("Pod", manifest["metadata"]["name"]))
+        self.uses_claims |= bool(manifest["spec"].get("resourceClaims"))
         return obj
 
     def delete_pod(self, name: str) -> None:
         """Delete one of the test's pods now and wait until it is gone (its claims then free their devices)."""
-        with contextlib.suppress(ApiException):
-            self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=0)
-        self.run.wait_pods(lambda c: name not in c or None, self.timeout, f"pod {name} to be deleted")
+        self._delete_pods([name])
 
     def try_create(self, manifest: dict) -> ApiException | None:
         obj, err = self.run.try_apply(keep_off(manifest, self.avoid))
@@ -136,8 +135,9 @@ class Scratch:
 
     def close(self) -> None:
         if self.names:
-            self._delete_pods()
-        if self.claims:
+            self._delete_pods(self.names)
+            self.names.clear()
+        if self.uses_claims:
             self._delete_claims()
 
     def _delete_claims(self) -> None:
@@ -148,9 +148,10 @@ class Scratch:
             with contextlib.suppress(ApiException):
                 if kind == "ResourceClaim":
                     res.delete_namespaced_resource_claim(name, run.namespace)
-                elif kind == "ResourceClaimTemplate":
+                else:
                     res.delete_namespaced_resource_claim_template(name, run.namespace)
         self.claims.clear()
+        self.uses_claims = False
         from .cluster import watch_until
 
         # the client's ResourceV1Api cannot decode watch events (it asks for a V1ResourceClaim model it lacks)
@@ -159,14 +160,13 @@ class Scratch:
                     describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}",
                     group="resource.k8s.io", version="v1", namespace=run.namespace, plural="resourceclaims")
 
-    def _delete_pods(self) -> None:
-        for name in self.names:
+    def _delete_pods(self, names: list[str]) -> None:
+        for name in names:
             with contextlib.suppress(ApiException):
                 self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=0)
-        gone = set(self.names)
-        self.run.wait_pods(lambda c: not (gone & set(c)) or None, self.timeout,
-                           f"the test's {len(gone)} pods to be deleted")
-        self.names.clear()
+        gone = set(names)
+        what = f"pod {names[0]} to be deleted" if len(gone) == 1 else f"the test's {len(gone)} pods to be deleted"
+        self.run.wait_pods(lambda c: not (gone & set(c)) or None, self.timeout, what)
 
 
 def pod_outcome(pod) -> str:

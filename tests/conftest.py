@@ -86,6 +86,17 @@ class EmbeddedCluster:
         return out
 
 
+@contextlib.contextmanager
+def private_cluster(fleet: dict, state: Path, source: str):
+    """An embedded cluster of its own for one test (a fleet with other control-plane settings), stopped after."""
+    sim = SimCluster(state, base_port=find_free_base(), private=True)
+    sim.up(parse_fleet(fleet, source=source))
+    try:
+        yield EmbeddedCluster(sim)
+    finally:
+        sim.down()
+
+
 class SuiteResult:
     def __init__(self, proc: subprocess.CompletedProcess, run_path: Path):
         self.proc = proc

@@ -287,19 +287,13 @@ def test_dra_check_fails_on_its_fault(embedded, tmp_path, case):
 @pytest.mark.sim
 def test_claims_fail_when_the_scheduler_cannot_allocate_them(tmp_path):
     """The scheduler's DynamicResources plugin off: claims are never allocated, and the suite says so."""
-    from gpuproof.sim.controlplane import SimCluster, find_free_base
-
-    from conftest import EmbeddedCluster
+    from conftest import private_cluster
 
     fleet = dra_fleet()
     fleet["controlPlane"] = {"disableSchedulerPlugins": ["DynamicResources"]}
-    sim = SimCluster(tmp_path / "sim", base_port=find_free_base(), private=True)
-    sim.up(parse_fleet(fleet, source="test:no-dynamic-resources"))
-    try:
-        res = EmbeddedCluster(sim).run_suite("suites/test_dra.py", "-k", "one_gpu", report_dir=tmp_path / "reports",
-                                             run_id="no-dynamic-resources")
-    finally:
-        sim.down()
+    with private_cluster(fleet, tmp_path / "sim", "test:no-dynamic-resources") as cluster:
+        res = cluster.run_suite("suites/test_dra.py", "-k", "one_gpu", report_dir=tmp_path / "reports",
+                                run_id="no-dynamic-resources")
     assert res.code == 1, res
     failed = res.failed_checks("dra-claim-allocated")
     assert failed, json.dumps(res.failed_checks(), indent=1)

@@ -369,21 +369,14 @@ CONTROL_PLANE_CASES = {
 
 @pytest.mark.parametrize("case", list(CONTROL_PLANE_CASES))
 def test_check_fails_when_the_control_plane_lacks_the_feature(tmp_path, case):
-    from gpuproof.fleet import parse_fleet
-    from gpuproof.sim.controlplane import SimCluster, find_free_base
-
-    from conftest import EmbeddedCluster
+    from conftest import private_cluster
 
     control_plane, suite, keyword, check, actual_prefix = CONTROL_PLANE_CASES[case]
     fleet = mixed()
     fleet["controlPlane"] = control_plane
-    sim = SimCluster(tmp_path / "sim", base_port=find_free_base(), private=True)
-    sim.up(parse_fleet(fleet, source=f"test:{case}"))
-    try:
-        res = EmbeddedCluster(sim).run_suite(f"suites/{suite}", *(["-k", keyword] if keyword else []),
-                                             report_dir=tmp_path / "reports", run_id=case)
-    finally:
-        sim.down()
+    with private_cluster(fleet, tmp_path / "sim", f"test:{case}") as cluster:
+        res = cluster.run_suite(f"suites/{suite}", *(["-k", keyword] if keyword else []),
+                                report_dir=tmp_path / "reports", run_id=case)
     assert res.code == 1, res
     failed = res.failed_checks(check)
     assert failed, json.dumps(res.failed_checks(), indent=1)
