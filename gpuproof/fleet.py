@@ -42,10 +42,12 @@ import yaml
 
 from . import catalog
 from . import discovery as d
-from .discovery import GPU, GPU_SHARED, KWOK_ANNOTATION
+from .discovery import KWOK_ANNOTATION
+from .vocab import LABELS_BY, RESOURCES_BY
 from .errors import FleetError
 
 POOL_LABEL = "node.kubernetes.io/instance-type"
+NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 FLEETS_DIR = Path(__file__).parent / "fleets"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -53,6 +55,8 @@ _VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
+# failure modes NVIDIA's mock NVML injects into one GPU (engine/config_types.go)
+NVML_FAILURES = ("lost", "fallen_off_bus", "ecc_uncorrectable")
 # how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
 LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
 # how a pool's GPUs reach pods: the device plugin (extended resources), DRA (ResourceSlices), or both
@@ -97,15 +101,22 @@ class GpuSpec:
 
 @dataclasses.dataclass
 class TimeSlicing:
+    """GPU sharing by the device plugin: time-slicing, or MPS (``strategy``)."""
+
     replicas: int
     rename_by_default: bool = False
     fail_requests_greater_than_one: bool = False
+    strategy: str = "time-slicing"          # time-slicing | mps
 
 
 @dataclasses.dataclass
 class Mig:
     strategy: str                       # single | mixed
-    profiles: dict[str, int]            # profile -> instances per GPU
+    profiles: dict[str, int]            # profile -> instances per GPU; empty: MIG mode off on every GPU
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.profiles)
 
 
 @dataclasses.dataclass
@@ -129,6 +140,9 @@ class Fault:
     dra_drop_devices: list[str] = dataclasses.field(default_factory=list)
     dra_set_attributes: dict[str, str] = dataclasses.field(default_factory=dict)
     dra_duplicate_device: bool = False
+    # NVIDIA's mock NVML: GPU index -> failure mode (lost, fallen_off_bus, ecc_uncorrectable), injected
+    # into the node's mock config before NVIDIA's GFD and device plugin run over it
+    nvml_failures: dict[int, str] = dataclasses.field(default_factory=dict)
 
     @property
     def unmanaged(self) -> bool:
@@ -164,38 +178,29 @@ class Pool:
     def node_names(self) -> list[str]:
         return [f"{self.name}-{i}" for i in range(self.count)]
 
-    # ---- what the device plugin and GFD advertise
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig is not None and self.mig.enabled
 
-    def gpu_resources(self) -> dict[str, str]:
-        """Extended resources the device plugin advertises (capacity == allocatable)."""
-        g = self.gpu
-        if g is None or not self.device_plugin:
-            return {}
-        if self.mig and self.mig.strategy == "mixed":
-            res = {GPU: "0"}
-            for prof, per_gpu in self.mig.profiles.items():
-                res[f"nvidia.com/mig-{prof}"] = str(per_gpu * g.count)
-            return res
-        devices = g.count
-        if self.mig and self.mig.strategy == "single":
-            devices = sum(self.mig.profiles.values()) * g.count
-        ts = self.time_slicing
-        if ts and ts.replicas > 1:
-            if ts.rename_by_default:
-                return {GPU: "0", GPU_SHARED: str(devices * ts.replicas)}
-            return {GPU: str(devices * ts.replicas)}
-        return {GPU: str(devices)}
+    def nvml_failures(self, index: int) -> dict[int, str]:
+        """Failures injected into this node's mock NVML (by its faults)."""
+        out: dict[int, str] = {}
+        for fault in self.faults:
+            if fault.node is None or fault.node == index:
+                out.update(fault.nvml_failures)
+        return out
 
-    def gpu_labels(self) -> dict[str, str]:
-        """The GPU labels a node of this pool carries under its label scheme."""
-        if self.gpu is None:
+    def needs_nvidia(self) -> bool:
+        """Whether NVIDIA's GFD or device plugin produce part of this pool's nodes."""
+        return self.gpu is not None and (self.device_plugin or self.label_scheme in ("gfd", "openshift"))
+
+    # ---- labels no NVIDIA software writes: managed offerings' own, the GPU operator's, NFD's PCI label
+
+    def provider_labels(self) -> dict[str, str]:
+        """The GPU labels a managed offering puts on a node of this pool (none for gfd and openshift)."""
+        if self.gpu is None or self.label_scheme in ("gfd", "openshift"):
             return {}
         scheme = self.label_scheme
-        if scheme in ("gfd", "openshift"):
-            labels = self.gfd_labels()
-            if scheme == "openshift":
-                labels.update(self.operator_labels())
-            return labels
         known = catalog.lookup(self.gpu.product)
         aliases = dict(reversed(known.aliases)) if known else {}
         if scheme == "gke":
@@ -204,7 +209,7 @@ class Pool:
             if self.time_slicing:
                 labels[d.GKE_MAX_CLIENTS] = str(self.time_slicing.replicas)
                 labels[d.GKE_SHARING] = "time-sharing"
-            if self.mig:
+            if self.mig_enabled:
                 labels[d.GKE_PARTITION] = next(iter(self.mig.profiles))
             return labels
         if scheme == "karpenter":
@@ -219,10 +224,10 @@ class Pool:
     def operator_labels(self) -> dict[str, str]:
         """What the GPU operator's controllers put on a node it manages (all healthy)."""
         labels = {f"nvidia.com/gpu.deploy.{c}": "true" for c in OPERATOR_COMPONENTS}
+        labels["nvidia.com/gpu.present"] = "true"
         labels.update({"nvidia.com/gpu-driver-upgrade-state": "upgrade-done",
-                       "nvidia.com/gfd.timestamp": str(int(time.time())),
                        "node-role.kubernetes.io/worker": "", "node.openshift.io/os_id": "rhcos"})
-        if self.mig:
+        if self.mig_enabled:
             labels["nvidia.com/gpu.deploy.mig-manager"] = "true"
             profiles = self.mig.profiles
             (only, per_gpu), = list(profiles.items())[:1]
@@ -233,70 +238,32 @@ class Pool:
             labels["nvidia.com/mig.config.state"] = "success"
         return labels
 
-    def gfd_labels(self) -> dict[str, str]:
-        """The labels GFD (plus NFD's PCI label) puts on a node of this pool."""
-        g = self.gpu
-        product, count, memory = g.product, g.count, g.memory_mib
-        labels: dict[str, str] = {}
-        known = catalog.lookup(g.product)
-        if self.mig and self.mig.strategy == "single":
-            (prof_name, per_gpu), = self.mig.profiles.items()
-            prof = known.mig_profile(prof_name) if known else None
-            product = f"{g.product}-MIG-{prof_name}"
-            count = per_gpu * g.count
-            memory = prof.memory_mib if prof else memory
-        ts = self.time_slicing
-        replicas = ts.replicas if ts else 1
-        if ts and replicas > 1 and not ts.rename_by_default:
-            product += "-SHARED"
-        dmaj, dmin, *drev = g.driver_version.split(".")
-        cmaj, cmin = g.cuda_version.split(".")[:2]
-        labels.update({
-            "feature.node.kubernetes.io/pci-10de.present": "true",
-            "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": product,
-            "nvidia.com/gpu.count": str(count),
-            "nvidia.com/gpu.memory": str(memory),
-            "nvidia.com/gpu.family": g.family,
-            "nvidia.com/gpu.compute.major": str(g.compute[0]),
-            "nvidia.com/gpu.compute.minor": str(g.compute[1]),
-            "nvidia.com/gpu.machine": self.instance_type or self.name,
-            "nvidia.com/gpu.replicas": str(replicas),
-            "nvidia.com/gpu.sharing-strategy": "time-slicing" if replicas > 1 else "none",
-            "nvidia.com/cuda.driver-version.major": dmaj,
-            "nvidia.com/cuda.driver-version.minor": dmin,
-            "nvidia.com/cuda.driver-version.revision": drev[0] if drev else "0",
-            "nvidia.com/cuda.driver-version.full": g.driver_version,
-            "nvidia.com/cuda.runtime-version.major": cmaj,
-            "nvidia.com/cuda.runtime-version.minor": cmin,
-            "nvidia.com/cuda.runtime-version.full": f"{cmaj}.{cmin}",
-            "nvidia.com/mig.capable": "true" if known and known.mig else "false",
-            "nvidia.com/mig.strategy": self.mig.strategy if self.mig else "none",
-            "nvidia.com/mps.capable": "false",
-        })
-        if self.mig and self.mig.strategy == "mixed":
-            for prof_name, per_gpu in self.mig.profiles.items():
-                prof = known.mig_profile(prof_name) if known else None
-                base = f"nvidia.com/mig-{prof_name}"
-                labels[f"{base}.count"] = str(per_gpu * g.count)
-                if prof:
-                    labels[f"{base}.memory"] = str(prof.memory_mib)
-                    labels[f"{base}.multiprocessors"] = str(known.sms * prof.slices // 7)
-                    labels[f"{base}.slices.gi"] = str(prof.slices)
-                    labels[f"{base}.slices.ci"] = str(prof.slices)
-        return labels
+    def node_objects(self, views: dict | None = None) -> list[dict]:
+        """The Node objects (with status) a kwok-managed cluster gets for this pool.
 
-    def node_objects(self) -> list[dict]:
-        """The Node objects (with status) a kwok-managed cluster gets for this pool."""
+        ``views`` (node index -> :class:`gpuproof.sim.gpunodes.NodeView`) hold what NVIDIA's GFD and
+        device plugin said about the pool's nodes; a GPU pool cannot be rendered without them.
+        """
+        if self.needs_nvidia() and (views is None or any(i not in views for i in range(self.count))):
+            raise ValueError(f"pool {self.name}: NVIDIA's GFD and device plugin have not run for it "
+                             "(use Fleet.node_objects(), which runs them)")
         nodes = []
         for i, name in enumerate(self.node_names()):
+            view = views[i] if self.needs_nvidia() else None
             resources = {
                 "cpu": self.cpu,
                 "memory": self.memory,
                 "pods": str(self.pods),
                 "ephemeral-storage": "500Gi",
-                **self.gpu_resources(),
+                **(view.resources if view else {}),
             }
+            gpu_labels = dict(self.provider_labels())
+            if self.gpu is not None and self.label_scheme in ("gfd", "openshift"):
+                # NFD's PCI label (the device plugin chart deploys NFD with GFD), then what GFD wrote
+                gpu_labels[NFD_PCI_LABEL] = "true"
+                gpu_labels.update(view.labels)
+                if self.label_scheme == "openshift":
+                    gpu_labels.update(self.operator_labels())
             labels = {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
@@ -305,16 +272,19 @@ class Pool:
                 "beta.kubernetes.io/arch": "amd64",
                 "type": "kwok",
                 POOL_LABEL: self.instance_type or self.name,
-                **self.gpu_labels(),
+                **gpu_labels,
                 **self.labels,
             }
+            annotations = {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"}
+            if view:
+                annotations.update(view.annotations())
             node = {
                 "apiVersion": "v1",
                 "kind": "Node",
                 "metadata": {
                     "name": name,
                     "labels": labels,
-                    "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "annotations": annotations,
                 },
                 "spec": {"taints": [t.as_dict() for t in self.taints]},
                 "status": {
@@ -352,7 +322,7 @@ class Pool:
             return []
         out = []
         for i, name in enumerate(self.node_names()):
-            devices = dra.gpu_devices(name, self.gpu, self.mig)
+            devices = dra.gpu_devices(name, self.gpu, self.mig if self.mig_enabled else None)
             faults = [f for f in self.faults if f.node is None or f.node == i]
             duplicate = None
             for fault in faults:
@@ -380,6 +350,14 @@ def kwok_managed(node: dict) -> bool:
 def _apply_fault(node: dict, fault: Fault) -> None:
     labels = node["metadata"]["labels"]
     status = node["status"]
+    annotations = node["metadata"]["annotations"]
+    touched = {LABELS_BY: [k for k in [*fault.set_labels, *fault.drop_labels] if k.startswith("nvidia.com/")],
+               RESOURCES_BY: [k for k in [*fault.set_capacity, *fault.drop_capacity, *fault.set_allocatable,
+                                          *fault.drop_allocatable] if k.startswith("nvidia.com/")]}
+    for key, names in touched.items():
+        if names:
+            before = annotations.get(key, "")
+            annotations[key] = (before + " + " if before else "") + f"gpuproof model (fleet fault: {', '.join(names)})"
     labels.update(fault.set_labels)
     for key in fault.drop_labels:
         labels.pop(key, None)
@@ -435,8 +413,17 @@ class Fleet:
         return [dra.device_class(c) for c in classes] + \
             [s for p in self.pools for s in p.resource_slices(node_uids)]
 
-    def node_objects(self) -> list[dict]:
-        return [n for p in self.pools for n in p.node_objects()]
+    def node_objects(self, views: dict | None = None, progress=lambda m: None) -> list[dict]:
+        """Every pool's Node objects. ``views`` ((pool, index) -> NodeView) default to running NVIDIA's
+        GFD and device plugin now (built on first use; their device-plugin answers are cached)."""
+        if views is None:
+            views = {}
+            if any(p.needs_nvidia() for p in self.pools):
+                from .sim import gpunodes, nvidia
+
+                views = gpunodes.observe(nvidia.locate(progress=progress), self, progress=progress)
+        return [n for p in self.pools
+                for n in p.node_objects({i: views[(p.name, i)] for i in range(p.count) if (p.name, i) in views})]
 
 
     @property
@@ -580,12 +567,14 @@ def _parse_mig(f: _Fields, gpu: GpuSpec | None) -> Mig:
     strategy = f.str("strategy", "mixed")
     if strategy not in MIG_STRATEGIES:
         f.fail("strategy", f"{strategy!r} is not one of {', '.join(MIG_STRATEGIES)}")
-    raw = f.get("profiles", required=strategy != "none")
+    raw = f.get("profiles")
     f.done()
     if strategy == "none":
         return None  # type: ignore[return-value]
     if gpu is None:
         f.fail("", "MIG needs a gpu section in the pool")
+    if raw is None:          # the device plugin's strategy is set, and MIG mode is off on every GPU
+        return Mig(strategy, {})
     if not isinstance(raw, dict) or not raw:
         f.fail("profiles", "must map MIG profile names to instances per GPU, e.g. {1g.10gb: 7}")
     known = catalog.lookup(gpu.product)
@@ -629,6 +618,12 @@ def _parse_fault(f: _Fields) -> Fault:
         dra_set_attributes=f.str_map("draSetAttributes"),
         dra_duplicate_device=f.bool("draDuplicateDevice"),
     )
+    for gpu, mode in f.str_map("nvmlFailures").items():
+        if not gpu.isdigit():
+            f.fail(f"nvmlFailures.{gpu}", "keys are GPU indexes (0, 1, ...)")
+        if mode not in NVML_FAILURES:
+            f.fail(f"nvmlFailures.{gpu}", f"{mode!r} is not one of the mock's failure modes: {', '.join(NVML_FAILURES)}")
+        fault.nvml_failures[int(gpu)] = mode
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
         f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
@@ -652,21 +647,26 @@ def _parse_pool(f: _Fields) -> Pool:
     pool.gpu = _parse_gpu(gpu_f) if gpu_f else None
     pool.taints = [_parse_taint(t, f, f"taints[{i}]") for i, t in enumerate(f.str_list("taints"))]
     pool.labels = f.str_map("labels")
-    ts_f = f.mapping("timeSlicing")
-    if ts_f:
+    for key, strategy in (("timeSlicing", "time-slicing"), ("mps", "mps")):
+        ts_f = f.mapping(key)
+        if not ts_f:
+            continue
+        if pool.time_slicing:
+            f.fail(key, "a pool shares its GPUs one way: timeSlicing or mps, not both")
         pool.time_slicing = TimeSlicing(
             replicas=ts_f.int("replicas", required=True, minimum=1, maximum=256),
             rename_by_default=ts_f.bool("renameByDefault"),
-            fail_requests_greater_than_one=ts_f.bool("failRequestsGreaterThanOne"),
+            fail_requests_greater_than_one=ts_f.bool("failRequestsGreaterThanOne") if key == "timeSlicing" else True,
+            strategy=strategy,
         )
         ts_f.done()
         if pool.gpu is None:
-            f.fail("timeSlicing", "time-slicing needs a gpu section in the pool")
+            f.fail(key, f"{strategy} needs a gpu section in the pool")
     mig_f = f.mapping("mig")
     if mig_f:
         pool.mig = _parse_mig(mig_f, pool.gpu)
-        if pool.mig and pool.time_slicing:
-            f.fail("mig", "time-slicing of MIG devices is not modelled; use one or the other in a pool")
+        if pool.mig_enabled and pool.time_slicing:
+            f.fail("mig", "sharing of MIG devices is not modelled; use one or the other in a pool")
     pool.label_scheme = f.str("labelScheme", "gfd")
     if pool.label_scheme not in LABEL_SCHEMES:
         f.fail("labelScheme", f"{pool.label_scheme!r} is not one of {', '.join(LABEL_SCHEMES)}")
@@ -680,7 +680,7 @@ def _parse_pool(f: _Fields) -> Pool:
         if pool.time_slicing:
             f.fail("offer", "time-slicing through DRA (claim sharing configs) is not modelled; "
                             "use offer: device-plugin for time-sliced pools")
-        if pool.mig:
+        if pool.mig_enabled:
             from .dra import placements
 
             try:
@@ -719,7 +719,7 @@ def _check_scheme(pool: Pool, f: _Fields) -> None:
             if pool.time_slicing.rename_by_default:
                 f.fail("timeSlicing.renameByDefault", "GKE's device plugin does not rename shared GPUs")
             pool.time_slicing.fail_requests_greater_than_one = True   # GKE refuses more than 1 shared GPU
-        if pool.mig:
+        if pool.mig_enabled:
             (profile, per_gpu), = list(pool.mig.profiles.items())[:1]
             prof = known.mig_profile(profile)
             if pool.mig.strategy != "single" or per_gpu != prof.max_per_gpu:

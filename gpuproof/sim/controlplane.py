@@ -245,6 +245,7 @@ class SimCluster:
                 f"fleet {fleet.name!r} needs other control-plane settings than the running cluster has; "
                 "stop it (gpuproof sim down) and start it with this fleet")
         t0 = time.monotonic()
+        nodes = fleet.node_objects(progress=progress)     # NVIDIA's GFD and device plugin, before anything changes
         client = connect(kubeconfig=str(self.kubeconfig))
         core = client.core
         old = [n.metadata.name for n in core.list_node().items
@@ -264,7 +265,6 @@ class SimCluster:
         self._save_state(state)
         self._wait_healthy("kwok", state, time.monotonic() + 60)
 
-        nodes = fleet.node_objects()
         progress(f"creating {len(nodes)} simulated nodes for fleet {fleet.name!r}")
         _parallel(core.create_node, nodes)
         client.wait_nodes_ready([n["metadata"]["name"] for n in nodes if kwok_managed(n)], timeout=timeout)
