@@ -30,8 +30,7 @@ from typing import Iterable
 
 from . import catalog
 
-GPU = "nvidia.com/gpu"
-GPU_SHARED = "nvidia.com/gpu.shared"
+from .vocab import GPU, GPU_SHARED  # noqa: F401  (re-exported: the suites import them from here)
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED = ("fake", "unmanaged")       # kwok nodes; "unmanaged": kwok leaves them alone (a dead kubelet)
@@ -229,8 +228,19 @@ class GpuNode:
 
     @property
     def mig_strategy(self) -> str:
+        """How the node's GPUs are partitioned, from what it has, not only from what a label says.
+
+        GFD writes ``mig.strategy`` only when the device plugin's strategy is single or mixed, and under
+        either, GPUs with MIG mode off are advertised whole under their plain product name (the GPU
+        operator's everyday default). So: ``mixed`` when the node has per-profile MIG labels or advertises
+        ``nvidia.com/mig-*`` resources (whatever the label says, or without one), ``single`` when its
+        product names a MIG profile, else ``none``.
+        """
         if self.gfd:
-            return self.labels.get("nvidia.com/mig.strategy", "none")
+            if any(k.startswith("nvidia.com/mig-") and k.endswith(".count") and (_int(v) or 0) > 0
+                   for k, v in self.labels.items()) or self.mig_resources:
+                return "mixed"
+            return "single" if "-MIG-" in (self.product or "") else "none"
         return "single" if self.labels.get(GKE_PARTITION) else "none"
 
     @property
@@ -312,7 +322,8 @@ class GpuNode:
         for res, val in self.capacity.items():
             m = MIG_RESOURCE.match(res)
             if m:
-                out[m.group(1)] = _int(val) or 0
+                if (_int(val) or 0) > 0:          # a leftover resource at 0 is not advertised
+                    out[m.group(1)] = _int(val)
         return out
 
     @property

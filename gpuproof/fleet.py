@@ -402,6 +402,8 @@ class Fleet:
     control_plane: ControlPlane = dataclasses.field(default_factory=ControlPlane)
     # DeviceClasses NVIDIA's chart installs, published when any pool offers DRA (None: both of them)
     device_classes: list[str] | None = None
+    # what NVIDIA's GFD and device plugin said, per (pool, node index), once node_objects() ran them
+    views: dict | None = None
 
     def dra_objects(self, node_uids: dict[str, str]) -> list[dict]:
         """DeviceClasses and ResourceSlices of the fleet's DRA pools (nothing if none offers DRA)."""
@@ -422,6 +424,7 @@ class Fleet:
                 from .sim import gpunodes, nvidia
 
                 views = gpunodes.observe(nvidia.locate(progress=progress), self, progress=progress)
+        self.views = views
         return [n for p in self.pools
                 for n in p.node_objects({i: views[(p.name, i)] for i in range(p.count) if (p.name, i) in views})]
 

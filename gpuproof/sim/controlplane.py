@@ -271,7 +271,7 @@ class SimCluster:
         from . import operator
 
         operator.apply(client, nodes, timeout=timeout, progress=progress)
-        publish_dra(client, fleet, progress=progress)
+        publish_dra(client, fleet, str(self.kubeconfig), progress=progress)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals
@@ -421,29 +421,54 @@ class SimCluster:
         return ctx
 
 
-def publish_dra(client, fleet: Fleet, progress: Progress = _quiet) -> None:
+def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _quiet) -> None:
     """Replace the DeviceClasses and ResourceSlices of the previous fleet's DRA pools with this fleet's.
 
-    They are what NVIDIA's DRA driver publishes (its Helm chart's classes, its kubelet plugin's slices,
-    owned by their Node); the real scheduler allocates claims from them, kwok runs the pods.
+    NVIDIA's DRA driver publishes them: its chart's DeviceClasses, and the slices its kubelet plugin
+    publishes over each node's mock NVML (:mod:`gpuproof.sim.dradriver`). MIG devices, which the mock
+    does not enumerate, and fleet faults in published slices are gpuproof's model, marked as such on
+    the node (``gpuproof.dev/slices-by``). The real scheduler allocates claims, kwok runs the pods.
     """
     from kubernetes.client.exceptions import ApiException
 
     from ..dra import GROUP, SIM_LABEL, VERSION
+    from ..vocab import SLICES_BY
+    from . import dradriver, gpunodes, nvidia
 
     custom = client.custom
     for plural in ("resourceslices", "deviceclasses"):
         with contextlib.suppress(ApiException):
             custom.delete_collection_cluster_custom_object(GROUP, VERSION, plural, label_selector=f"{SIM_LABEL}=true")
-    uids = {n.metadata.name: n.metadata.uid for n in client.core.list_node().items}
-    objects = fleet.dra_objects(uids)
-    if not objects:
+    dradriver.delete_all(client)
+    pools = [p for p in fleet.pools if p.dra]
+    if not pools:
         return
-    slices = [o for o in objects if o["kind"] == "ResourceSlice"]
-    progress(f"DRA: publishing {len(objects) - len(slices)} DeviceClasses and {len(slices)} ResourceSlices "
-             f"({sum(len(s['spec']['devices']) for s in slices)} devices)")
-    plural = {"ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses"}
-    _parallel(lambda o: custom.create_cluster_custom_object(GROUP, VERSION, plural[o["kind"]], o), objects)
+    sw = nvidia.locate(progress=progress)
+    wanted = fleet.device_classes
+    classes = [c for c in dradriver.device_classes(sw) if wanted is None or c["metadata"]["name"] in wanted]
+    for c in classes:
+        custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", c)
+    driven = [(name, gpunodes.mock_config(sw, p.gpu, seed=name, failures=p.nvml_failures(i)))
+              for p in pools if not p.mig_enabled for i, name in enumerate(p.node_names())]
+    outcome = dradriver.publish(sw, client, kubeconfig, driven, progress=progress)
+    uids = {n.metadata.name: n.metadata.uid for n in client.core.list_node().items}
+    modelled = [s for p in pools if p.mig_enabled for s in p.resource_slices(uids)]
+    if modelled:
+        progress(f"DRA: {len(modelled)} ResourceSlices of MIG devices are gpuproof's model (the mock enumerates none)")
+        _parallel(lambda o: custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", o), modelled)
+    by = {}
+    for p in pools:
+        for i, name in enumerate(p.node_names()):
+            if p.mig_enabled:
+                by[name] = f"{gpunodes.MODEL} (MIG devices: the mock enumerates none)"
+                continue
+            why = outcome.get(name, "")
+            by[name] = sw.dra_driver if not why else f"{sw.dra_driver} (published nothing: {why})"
+            faults = [f for f in p.faults if f.node is None or f.node == i]
+            if not why and dradriver.apply_faults(client, name, faults):
+                by[name] += f" + {gpunodes.MODEL} (fleet fault in the slice)"
+    _parallel(lambda item: client.core.patch_node(item[0], {"metadata": {"annotations": {SLICES_BY: item[1]}}}),
+              list(by.items()))
 
 
 def _die_with_parent() -> None:

@@ -1,10 +1,11 @@
 """kwok Stage configuration: how pods on simulated nodes move through their lifecycle.
 
 Pods become Running once bound, pods owned by a Job then complete, and deleted pods
-go away (kwok plays the kubelet). One more stage plays the device plugin: on nodes
-whose time-slicing has ``failRequestsGreaterThanOne``, a container asking for more
-than one shared GPU is refused at admission, as the real plugin does, with the pod
-Failed and reason ``UnexpectedAdmissionError``.
+go away (kwok plays the kubelet). One more stage relays the device plugin's refusals: where
+NVIDIA's device plugin, asked over the mock NVML for 2 devices, refused (``failRequestsGreaterThanOne``),
+a container asking for more than one of that resource fails admission as the kubelet fails it, with
+the pod Failed, reason ``UnexpectedAdmissionError`` and the plugin's own error in the message. (MPS
+pools, whose plugin cannot run here, get the refusal the plugin documents for MPS, marked as modelled.)
 
 Node stages are left to kwok's defaults (initialise, heartbeat).
 """
@@ -15,7 +16,8 @@ import json
 
 import yaml
 
-from ..fleet import GPU, GPU_SHARED, Fleet
+from ..fleet import Fleet
+from ..vocab import GPU, GPU_SHARED
 
 _POD = {"apiGroup": "v1", "kind": "Pod"}
 _NOT_DELETED = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
@@ -92,24 +94,41 @@ def _stage(name: str, match: list[dict], nxt: dict, weight: int = 0) -> dict:
     return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": name}, "spec": spec}
 
 
-def admission_refusal_message(resource: str, requested: str = "more than 1") -> str:
-    return (f"Allocate failed due to rpc error: request for '{resource}: {requested}' too large: "
-            "maximum request size for shared resources is 1, which is unexpected")
+def admission_refusal_message(plugin_error: str) -> str:
+    """The kubelet's admission error for a device plugin's Allocate error (pkg/kubelet/cm/devicemanager)."""
+    return f"Allocate failed due to {plugin_error}, which is unexpected"
+
+
+# The device plugin's refusal for MPS (it always refuses more than one shared device there), in its words:
+# internal/rm/allocate.go; the plugin itself cannot serve MPS here (it needs nvidia-cuda-mps-control).
+_MPS_REFUSAL = ('rpc error: code = Unknown desc = invalid allocation request for "{resource}": invalid request: '
+                'maximum request size for shared resources is 1; found 2 (gpuproof model: MPS)')
+
+
+def _refusals(fleet: Fleet) -> dict[tuple[str, str], list[str]]:
+    """(resource, kubelet message) -> nodes, from what NVIDIA's device plugin answered a request for 2."""
+    out: dict[tuple[str, str], list[str]] = {}
+    views = fleet.views or {}
+    for pool in fleet.pools:
+        ts = pool.time_slicing
+        for i, name in enumerate(pool.node_names()):
+            view = views.get((pool.name, i))
+            for res in ((view.plugin or {}).get("resources", []) if view else []):
+                error = (res.get("allocate") or {}).get("error")
+                if error:
+                    out.setdefault((res["name"], admission_refusal_message(error)), []).append(name)
+            if view and view.plugin is None and ts and ts.strategy == "mps" and ts.replicas > 1:
+                resource = GPU_SHARED if ts.rename_by_default else GPU
+                message = admission_refusal_message(_MPS_REFUSAL.format(resource=resource))
+                out.setdefault((resource, message), []).append(name)
+    return out
 
 
 def pod_stages(fleet: Fleet | None) -> list[dict]:
     stages = []
-    # nodes whose device plugin refuses shared requests > 1, by resource name
-    refusing: dict[str, list[str]] = {}
-    for pool in (fleet.pools if fleet else []):
-        ts = pool.time_slicing
-        if ts and ts.replicas > 1 and ts.fail_requests_greater_than_one:
-            resource = GPU_SHARED if ts.rename_by_default else GPU
-            refusing.setdefault(resource, []).extend(pool.node_names())
-    for resource, nodes in sorted(refusing.items()):
-        message = admission_refusal_message(resource)
+    for n, ((resource, message), nodes) in enumerate(sorted(_refusals(fleet).items()) if fleet else []):
         stages.append(_stage(
-            f"refuse-shared-{resource.replace('/', '-').replace('.', '-')}",
+            f"refuse-shared-{resource.replace('/', '-').replace('.', '-')}-{n}",
             [_NOT_DELETED, _NOT_STARTED, _NOT_FINISHED,
              {"key": ".spec.nodeName", "operator": "In", "values": sorted(nodes)},
              {"key": f'.spec.containers.[].resources.limits.["{resource}"]', "operator": "In",
