@@ -31,6 +31,9 @@ from typing import Iterable
 from . import catalog
 
 from .vocab import GPU, GPU_SHARED  # noqa: F401  (re-exported: the suites import them from here)
+from .vocab import LABELS_BY, RESOURCES_BY, SLICES_BY
+
+MADE_BY = {"labels": LABELS_BY, "resources": RESOURCES_BY, "slices": SLICES_BY}
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED = ("fake", "unmanaged")       # kwok nodes; "unmanaged": kwok leaves them alone (a dead kubelet)
@@ -88,6 +91,8 @@ class GpuNode:
     unschedulable: bool = False      # cordoned
     node_info: dict = dataclasses.field(default_factory=dict)               # status.nodeInfo
     dra_devices: list = dataclasses.field(default_factory=list)             # dra.Device of gpu.nvidia.com
+    # on the embedded cluster: which software wrote the node's GPU labels, resources and slices
+    made_by: dict[str, str] = dataclasses.field(default_factory=dict)       # labels|resources|slices -> who
 
     def label(self, key: str) -> str | None:
         return self.labels.get(key)
@@ -469,6 +474,8 @@ def discover(nodes: Iterable, pool_label: str | None = None, slices: list[dict] 
             conditions=conditions, unschedulable=bool(spec.get("unschedulable")),
             node_info=dict(status.get("nodeInfo") or status.get("node_info") or {}),
             dra_devices=per_node.get(meta["name"], []),
+            made_by={what: ann[key] for what, key in MADE_BY.items()
+                     if key in (ann := meta.get("annotations") or {})},
         )
         node.pool = (labels.get(chosen) if chosen else None) or node.product or "unknown"
         gpu.append(node)

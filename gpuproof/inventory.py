@@ -8,6 +8,7 @@ The shape (consumed by the report layer and by ``gpuproof report compare``)::
                 "mig_strategy", "labels" (GPU-related only), "capacity", "allocatable", "taints",
                 "label_scheme", "sources", "kubelet_version", "container_runtime", "kernel", "os_image",
                 "mig_config", "mig_config_state", "driver_upgrade_state",
+                "labels_by", "resources_by", "slices_by" (embedded cluster: which software made them),
                 "stack/<component>" (image of each NVIDIA component's pod on the node)}]}
 
 Every flat field is compared by ``gpuproof report compare``, so an upgrade shows exactly which
@@ -82,6 +83,8 @@ def node_entry(node: GpuNode, stack: dict[str, str] | None = None) -> dict:
         "offers": node.offers,
         "dra_devices": len(node.dra_devices),
         "dra_device_types": ",".join(sorted({d.profile or d.type for d in node.dra_devices})),
+        # embedded cluster: NVIDIA's software (e.g. "gpu-feature-discovery v0.19.3") or "gpuproof model (why)"
+        **{f"{what}_by": who for what, who in node.made_by.items()},
         **(stack or {}),
     }
 

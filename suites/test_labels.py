@@ -52,6 +52,36 @@ def _gfd_only(node, check, name):
                          f"(product from {node.sources['product']}, count from {node.sources['count']})")
 
 
+NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+
+
+def test_gfd_labelled_where_it_runs(gpu_node, discovery, check):
+    """A node that advertises GPUs where GFD labels its peers has GFD's labels too.
+
+    GFD writes no labels at all when it cannot start on a node (for instance when NVML reports a GPU
+    lost), while the device plugin keeps advertising. The node's peers are the other nodes of its
+    pool; with none labelled, NFD's NVIDIA PCI label on a cluster where GFD labels other nodes marks
+    a node GFD's DaemonSet was meant for.
+    """
+    n = gpu_node
+    if n.gfd:
+        check.record("gfd-labels-on-gpu-node", "pass", "GPU Feature Discovery's labels", n.product)
+        return
+    labelled = [m.name for m in discovery.gpu_nodes if m.gfd]
+    peers = [m for m in discovery.gpu_nodes if m.pool == n.pool and m.gfd]
+    nfd = n.label(NFD_PCI_LABEL) == "true" and labelled
+    if not peers and not nfd:
+        check.skip("gfd-labels-on-gpu-node", f"labelled by {n.scheme}: no node of pool {n.pool} carries GPU Feature "
+                                             "Discovery's labels, so none are expected")
+    advertised = {k: v for k, v in n.capacity.items() if k.startswith("nvidia.com/")}
+    why = (f"{len(peers)} other node(s) of pool {n.pool} have them" if peers
+           else f"NFD marks an NVIDIA PCI device ({NFD_PCI_LABEL}=true) and GFD labels {len(labelled)} other node(s)")
+    check.true("gfd-labels-on-gpu-node", False,
+               expected=f"GPU Feature Discovery's labels (nvidia.com/gpu.product, gpu.count, ...): {why}",
+               actual=f"no GPU labels, while it advertises {advertised or 'no GPU resources'}",
+               what="GPU labels missing")
+
+
 def test_gfd_labels_present_and_well_formed(gpu_node, check):
     _gfd_only(gpu_node, check, "label-present")
     for what, (names, rule, desc) in REQUIRED.items():
