@@ -40,6 +40,8 @@ from typing import Any
 
 import pytest
 
+from .errors import GpuproofError
+
 MARKER = "creates"
 RUN_PLACEHOLDER = "<run-id>"
 USES_RUN = {"run", "scratch"}
@@ -83,7 +85,10 @@ class Collector:
             return
         from .pytest_plugin import get_target
 
-        self.plan = build(session.items, get_target(session.config), self.run_id)
+        try:
+            self.plan = build(session.items, get_target(session.config), self.run_id)
+        except GpuproofError as exc:        # the target cannot start (pytest has stopped collecting)
+            self.errors.append(f"gpuproof cannot use its target cluster: {exc}")
 
 
 # ------------------------------------------------------------------------------ building

@@ -362,7 +362,7 @@ class EmbeddedClusterManager(AClusterManager):
             return
         if self._shares_session():
             t = self._target
-            t.connect()                 # starts the session's embedded cluster once
+            _open_session_target(t.connect)     # starts the session's embedded cluster once
             self._cluster_options.kubeconfig_path = Path(t.sim.kubeconfig)
             self._created = False
             return
@@ -428,13 +428,23 @@ class SessionClusterManager(ExternalManagerBase):
 
     def create(self, cluster_options=None, timeout: int = 20, **kwargs) -> None:
         t = self._target
-        kc, ctx = t.choice.open(t.progress)
+        kc, ctx = _open_session_target(t.choice.open, t.progress)
         self._kubeconfig = Path(kc or default_kubeconfig())
         self._cluster_options.kubeconfig_path = self._kubeconfig
         self.context = ctx
 
     def delete(self) -> None:
         pass        # outlives every test; a throwaway one is deleted when the session ends
+
+
+def _open_session_target(open_, *args):
+    """The session's cluster, or the end of the session in one line when it cannot be had."""
+    from .pytest_plugin import stop_session
+
+    try:
+        return open_(*args)
+    except GpuproofError as exc:
+        stop_session(exc)
 
 
 def session_manager(target) -> type[AClusterManager]:

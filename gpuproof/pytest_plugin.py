@@ -232,6 +232,12 @@ class Target:
 _KEY = pytest.StashKey[Target]()
 
 
+def stop_session(exc: GpuproofError):
+    """A target that cannot be used ends the session in one line, not in an error for every module or
+    test that needs it (pytest interrupts, exit status 2, and cleans up as after Ctrl-C)."""
+    raise pytest.Session.Interrupted(f"gpuproof cannot use its target cluster: {exc}") from None
+
+
 def get_target(config: pytest.Config) -> Target:
     if _KEY not in config.stash:
         config.stash[_KEY] = Target(config)
@@ -282,8 +288,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     t = get_target(metafunc.config)
     try:
         d = t.discovery()
-    except GpuproofError as exc:       # unreachable, refused, missing permissions: stop before anything runs
-        raise pytest.UsageError(f"gpuproof cannot use its target cluster: {exc}") from None
+    except GpuproofError as exc:       # cannot start, unreachable, refused: stop before anything runs
+        stop_session(exc)
     select = getattr(metafunc.function, "gpuproof_select", None)
     candidates = d.gpu_nodes
     if metafunc.definition.get_closest_marker("device_plugin") is not None:
@@ -345,7 +351,7 @@ def target(request) -> Target:
     try:
         t.connect()
     except GpuproofError as exc:
-        pytest.fail(f"gpuproof cannot use its target cluster: {exc}", pytrace=False)
+        stop_session(exc)
     return t
 
 

@@ -1,7 +1,6 @@
 """Benchmark: all-reduce bandwidth (nccl-tests algbw / busbw / #wrong).
 
-- embedded cluster: gloo on this host's CPU, world size 2, a few small sizes;
-- real cluster: NCCL over every GPU of one node per product (torchrun in one pod; skipped
+- NCCL over every GPU of one node per product (torchrun in one pod; skipped
   on single-GPU nodes: with one rank no data moves), and, where a product has two nodes or
   more, across nodes (indexed Job + headless Service; at most
   $GPUPROOF_ALLREDUCE_MAX_NODES nodes, default 4), with per-node bus bandwidth and the
@@ -18,14 +17,6 @@ pytestmark = pytest.mark.bench
 
 STRAGGLER_PCT_ENV = "GPUPROOF_STRAGGLER_PCT"
 ONE_RANK = "1 rank: no data moves between GPUs, so an all-reduce has no bandwidth to measure"
-
-
-def test_allreduce_local_cpu(target, run_dir):
-    suite.require_simulated(target, "allreduce")
-    result, records = suite.run_local_cpu("allreduce", run_dir)
-    assert result["ok"], result
-    assert result["world_size"] == 2 and result["wrong_total"] == 0
-    assert any(r.metric == "avg_busbw_gbps" for r in records)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Benchmark: memory bandwidth (HBM), once per GPU product (or host memory locally on the CPU).
+"""Benchmark: memory bandwidth (HBM), once per GPU product.
 
 Records (benchmark ``hbm``): bandwidth_gbps, median_ms, ratio_to_peak (datasheet HBM bandwidth of
 the product), sm_clock_mhz_mean, throttled_fraction, check_ok per kernel (copy, read);
@@ -11,16 +11,6 @@ import pytest
 from gpuproof.bench import suite
 
 pytestmark = pytest.mark.bench
-
-
-def test_hbm_local_cpu(target, run_dir):
-    """On the embedded cluster: the same workload on this host's CPU (host memory bandwidth), small buffers."""
-    suite.require_simulated(target, "hbm")
-    result, records = suite.run_local_cpu("hbm", run_dir)
-    assert result["ok"], result
-    assert result["memory"] == "host" and {r["kernel"] for r in result["results"]} == {"copy", "read"}
-    gbps = [r for r in records if r.metric == "bandwidth_gbps"]
-    assert len(gbps) == 2 and all(r.value > 0 and r.node == "local" for r in gbps)
 
 
 @pytest.mark.gpu

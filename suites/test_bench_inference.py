@@ -1,13 +1,13 @@
 """Benchmark: LLM serving under load: TTFT, TPOT, output tokens/s, goodput, and a capacity
 search that says what bound it (device, server, client or offered-range).
 
-- embedded cluster: gpuproof's OpenAI-compatible server (a tiny random-weight transformer)
-  and the locust load generator on this host's CPU, on 127.0.0.1, a few seconds;
-- real cluster: the server as a Deployment + Service on one GPU of each product (sized
-  from the GPU's memory), the load generator as a pod in the cluster;
+- the server as a Deployment + Service on one GPU of each product (sized from the GPU's
+  memory), the load generator as a pod in the cluster;
 - ``GPUPROOF_INFERENCE_URL`` (and optionally ``GPUPROOF_INFERENCE_MODEL``): the load
-  generator drives that OpenAI-compatible endpoint instead (vLLM, TGI, SGLang, NIM, ...):
-  from this host on the embedded cluster, from a pod in the cluster on a real one.
+  generator, a pod in the cluster, drives that OpenAI-compatible endpoint instead (vLLM,
+  TGI, SGLang, NIM, ...). From this host: ``gpuproof bench --local inference --url URL``.
+
+On the embedded cluster (its pods do not run) every test here skips, saying why.
 
 The suite records the capacity and its bound; it fails only when the load test could not
 run (the SLO outcome is a measurement, kept in the records).
@@ -18,27 +18,17 @@ import os
 import pytest
 
 from gpuproof.bench import get, suite
+from gpuproof.pytest_plugin import REAL_GPU_REASON
 
 pytestmark = pytest.mark.bench
 
 URL_ENV = "GPUPROOF_INFERENCE_URL"
 MODEL_ENV = "GPUPROOF_INFERENCE_MODEL"
-BOUNDS = ("device", "server", "client", "offered-range")
 
 
 def _endpoint() -> dict:
     url = os.environ.get(URL_ENV)
     return {"url": url, "model": os.environ.get(MODEL_ENV) or None} if url else {}
-
-
-def test_inference_local_cpu(target, run_dir):
-    suite.require_simulated(target, "inference")
-    result, records = suite.run_local_cpu("inference", run_dir, _endpoint())
-    load = result["load"]
-    assert load["steps"] and load["bound_by"] in BOUNDS, load.get("bound_reason")
-    assert all(s["errors"] == 0 for s in load["steps"]), [s["first_error"] for s in load["steps"]]
-    assert any(r.metric == "ttft_p99_ms" for r in records)
-    assert any(r.metric == "bound_by" and r.parameters.get("bound_by") == load["bound_by"] for r in records)
 
 
 @pytest.mark.gpu
@@ -60,7 +50,8 @@ def test_inference_endpoint(target, run, run_dir):
     if not endpoint:
         pytest.skip(f"{URL_ENV} is not set")
     if suite.is_simulated(target):
-        pytest.skip("the embedded cluster's pods do not run; test_inference_local_cpu drove the endpoint from here")
+        pytest.skip(f"{REAL_GPU_REASON}: its pods do not run; `gpuproof bench --local inference --url URL` drives "
+                    f"the endpoint from this host")
     bench = get("inference")
     params = bench.params(endpoint, device="cuda")
     result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=suite.image(),

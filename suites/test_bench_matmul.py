@@ -1,4 +1,4 @@
-"""Benchmark: dense matmul TFLOPS per dtype, once per GPU product (or locally on the CPU).
+"""Benchmark: dense matmul TFLOPS per dtype, once per GPU product.
 
 Records (benchmark ``matmul``): tflops, median_ms, ratio_to_peak, ratio_to_peak_at_clock
 (TFLOPS / (peak x mean SM clock / max SM clock), GPUs with NVML clocks only),
@@ -11,19 +11,6 @@ import pytest
 from gpuproof.bench import suite
 
 pytestmark = pytest.mark.bench
-
-def test_matmul_local_cpu(target, run_dir):
-    """On the embedded cluster: the same workload on this host's CPU, small sizes."""
-    suite.require_simulated(target, "matmul")
-    result, records = suite.run_local_cpu("matmul", run_dir)
-    assert result["ok"], result
-    assert result["checks"] and all(c["ok"] for c in result["checks"]), result["checks"]
-    tflops = [r for r in records if r.metric == "tflops"]
-    assert tflops and all(r.value > 0 and r.node == "local" for r in tflops)
-    # no clocks on the CPU: no efficiency at clock, and each row says why
-    assert not any(r.metric == "ratio_to_peak_at_clock" for r in records)
-    assert all(row["ratio_to_peak_at_clock"] is None and row["ratio_to_peak_at_clock_note"]
-               for row in result["results"])
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Benchmark: the in-pod GPU probe, once per GPU product (or locally on the CPU).
+"""Benchmark: the in-pod GPU probe, once per GPU product.
 
 Records (benchmark ``probe``): cuda_devices, nvml_devices, nvml_visible_devices (with the
 NVML UUIDs), kernel_check_ok, memory_total_mib per device, kernel_check_ms.
@@ -9,14 +9,6 @@ import pytest
 from gpuproof.bench import suite
 
 pytestmark = pytest.mark.bench
-
-def test_probe_local_cpu(target, run_dir):
-    suite.require_simulated(target, "probe")
-    result, records = suite.run_local_cpu("probe", run_dir)
-    assert result["ok"], result.get("problems")
-    assert any(r.metric == "kernel_check_ok" and r.value == 1.0 for r in records)
-    # identity comes from NVML (none on the CPU), never from NVIDIA_VISIBLE_DEVICES
-    assert result["nvml_uuids"] == [] and any(r.metric == "nvml_visible_devices" for r in records)
 
 
 @pytest.mark.gpu

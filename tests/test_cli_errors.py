@@ -126,3 +126,66 @@ def test_user_mistake_is_one_line(scratch, argv, word):
 def test_help_exits_zero():
     proc = subprocess.run([sys.executable, "-m", "gpuproof", "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: gpuproof"), proc.stderr
+
+
+# ------------------------------------------------------------------ an embedded cluster that cannot start
+
+
+def _no_go_env(scratch: Path) -> dict:
+    """No Go, no control-plane binaries: not on PATH, not named, not in the (empty) build cache."""
+    from gpuproof.sim.binaries import BINARIES, env_var
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"GPUPROOF_BIN_DIR", "KUBEBUILDER_ASSETS", "GPUPROOF_DEBUG", *map(env_var, BINARIES)}}
+    (scratch / "empty-path").mkdir(exist_ok=True)
+    return {**env, "PATH": str(scratch / "empty-path"), "GPUPROOF_CACHE": str(scratch / "no-go-cache")}
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+def test_without_go_or_binaries_the_embedded_cluster_is_one_line(scratch, command):
+    """`gpuproof run` stops before pytest starts; `gpuproof plan` (whose pytest collects) says the same."""
+    proc = subprocess.run([sys.executable, "-m", "gpuproof", command, "--fleet", "minimal", "--run-id", "no-go"],
+                          cwd=scratch, capture_output=True, text=True, timeout=120, env=_no_go_env(scratch))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, proc
+    assert err.startswith("gpuproof: error: ") and "the embedded cluster needs etcd, kube-apiserver" in err, err
+    assert all(way in err for way in ("install Go 1.25", "GPUPROOF_BIN_DIR", "KUBEBUILDER_ASSETS")), err
+    assert not proc.stdout and not (scratch / "reports" / "no-go").exists()
+
+
+@pytest.mark.parametrize("where", ["suites", "external_project"])
+def test_pytest_with_a_target_that_cannot_start_says_so_once(scratch, where):
+    """Plain pytest, on gpuproof's suites (parametrized per node at collection) or on a user's project
+    (the target fixture): one line, not an error per module or test."""
+    from gpuproof.commands.run import suites_dir
+
+    path = suites_dir() if where == "suites" else Path(__file__).parent / "external_project"
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(path), "-p", "gpuproof.pytest_plugin",
+                           "-p", "no:cacheprovider", "--gpuproof-fleet", "minimal",
+                           f"--gpuproof-report-dir={scratch / 'reports'}"],
+                          cwd=scratch, capture_output=True, text=True, timeout=120, env=_no_go_env(scratch))
+    out = proc.stdout + proc.stderr
+    said = [line for line in out.splitlines() if "gpuproof cannot use its target cluster" in line]
+    assert proc.returncode == 2 and "Traceback" not in out and "ERROR collecting" not in out, out[-3000:]
+    assert len(said) == 1 and "GPUPROOF_BIN_DIR" in said[0] and "KUBEBUILDER_ASSETS" in said[0], out[-3000:]
+
+
+@pytest.mark.sim
+def test_run_whose_cluster_cannot_start_says_so_in_one_line(scratch):
+    """A failure only starting can show (a port taken), inside the run's pytest: one line, exit 2."""
+    import socket
+
+    from gpuproof.sim.binaries import locate
+
+    locate()                                    # the binaries are there, so the start itself fails
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "gpuproof", "run", "--fleet", "minimal", "--run-id", "busy",
+                               "--", f"--sim-port={port}"], cwd=scratch, capture_output=True, text=True,
+                              timeout=300)
+    out = proc.stdout + proc.stderr
+    said = [line for line in out.splitlines() if "gpuproof cannot use its target cluster" in line]
+    assert proc.returncode == 2 and "Traceback" not in out and len(said) == 1, out[-3000:]
+    assert f"port {port} (kube-apiserver)" in said[0] and "in use by another process" in said[0], said

@@ -1,4 +1,7 @@
-"""The fleet model: each pool type becomes exactly the Node objects the device plugin + GFD would give."""
+"""The fleet: each pool type becomes Node objects whose GPU labels and resources NVIDIA's GFD and device
+plugin wrote over NVIDIA's mock NVML (MIG devices: gpuproof's model, named as GFD's source names them).
+
+The values below are what those programs were measured to write (issue #26), not what gpuproof renders."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import pytest
 from gpuproof.errors import FleetError
 from gpuproof.fleet import load_fleet, parse_fleet, shipped_fleets
 
-BASE = {"nvidia.com/gpu.present": "true", "nvidia.com/cuda.driver-version.full": "550.54.15",
+BASE = {"feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/cuda.driver-version.full": "550.54.15",
         "nvidia.com/cuda.driver-version.major": "550", "nvidia.com/cuda.driver-version.minor": "54",
         "nvidia.com/cuda.driver-version.revision": "15", "nvidia.com/cuda.runtime-version.full": "12.4"}
 NODE_BASE = {"cpu": "32", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
@@ -23,21 +26,20 @@ CASES = {
         {**BASE, "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.count": "8",
          "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.family": "ampere", "nvidia.com/gpu.compute.major": "8",
          "nvidia.com/gpu.compute.minor": "0", "nvidia.com/gpu.replicas": "1",
-         "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/mig.strategy": "none",
-         "nvidia.com/mig.capable": "true"},
-        ["nvidia.com/mig-1g.10gb.count"],
+         "nvidia.com/gpu.sharing-strategy": "none", "nvidia.com/mig.capable": "true"},
+        ["nvidia.com/mig-1g.10gb.count", "nvidia.com/mig.strategy", "nvidia.com/gpu.present"],
     ),
     "time-sliced": (
         {"gpu": {"product": "NVIDIA-L4", "count": 2}, "timeSlicing": {"replicas": 4}},
         {"nvidia.com/gpu": "8"},
         {**BASE, "nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.count": "2",
          "nvidia.com/gpu.replicas": "4", "nvidia.com/gpu.sharing-strategy": "time-slicing",
-         "nvidia.com/mig.capable": "false", "nvidia.com/gpu.family": "ada-lovelace"},
+         "nvidia.com/gpu.family": "ada-lovelace"},      # mig.capable: see test_mock_says_every_gpu_can_mig
         [],
     ),
     "time-sliced-renamed": (
         {"gpu": {"product": "NVIDIA-L4", "count": 1}, "timeSlicing": {"replicas": 3, "renameByDefault": True}},
-        {"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "3"},
+        {"nvidia.com/gpu.shared": "3"},
         {**BASE, "nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "1", "nvidia.com/gpu.replicas": "3",
          "nvidia.com/gpu.sharing-strategy": "time-slicing"},
         [],
@@ -45,7 +47,7 @@ CASES = {
     "mig-mixed": (
         {"gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 2},
          "mig": {"strategy": "mixed", "profiles": {"1g.10gb": 3, "2g.20gb": 2}}},
-        {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "6", "nvidia.com/mig-2g.20gb": "4"},
+        {"nvidia.com/mig-1g.10gb": "6", "nvidia.com/mig-2g.20gb": "4"},
         {**BASE, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "2",
          "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig.capable": "true", "nvidia.com/gpu.family": "hopper",
          "nvidia.com/mig-1g.10gb.count": "6", "nvidia.com/mig-2g.20gb.count": "4",
@@ -88,6 +90,16 @@ def test_pool_nodes_match_device_plugin_and_gfd(case):
         assert [k for k in absent if k in got] == []
         assert node["spec"]["taints"] == ([] if case == "cpu-only" else TAINT)
         assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+        made_by = {k: v for k, v in node["metadata"]["annotations"].items() if k.endswith("-by")}
+        if case == "cpu-only":
+            assert made_by == {}
+        elif case.startswith("mig"):
+            assert made_by == {"gpuproof.dev/labels-by": "gpu-feature-discovery v0.19.3 + gpuproof model (MIG "
+                                                         "devices: the mock enumerates none)",
+                               "gpuproof.dev/resources-by": "gpuproof model (MIG devices: the mock enumerates none)"}
+        else:
+            assert made_by == {"gpuproof.dev/labels-by": "gpu-feature-discovery v0.19.3",
+                               "gpuproof.dev/resources-by": "k8s-device-plugin v0.19.3"}
 
 
 def test_shipped_fleets_are_valid():
@@ -178,3 +190,11 @@ def test_missing_and_empty_fleet_files(tmp_path):
     (tmp_path / "empty.yaml").write_text("")
     with pytest.raises(FleetError, match="the file is empty"):
         load_fleet(tmp_path / "empty.yaml")
+
+
+def test_mock_says_every_gpu_can_mig():
+    """A limit of NVIDIA's mock, kept as it is: its GetMigMode answers for every GPU (engine/device.go), so
+    GFD labels mig.capable=true on an L4 too, where real NVML answers Not Supported."""
+    fleet = parse_fleet({"pools": [{"name": "l4", "gpu": {"product": "NVIDIA-L4", "count": 1}}]})
+    (node,) = fleet.node_objects()
+    assert node["metadata"]["labels"]["nvidia.com/mig.capable"] == "true"

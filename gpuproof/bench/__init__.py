@@ -1,7 +1,7 @@
 """Benchmarks: a registry of benchmark classes (see :mod:`gpuproof.bench.base`).
 
 ``gpuproof bench --local <name>`` runs one on this host; the suites in ``suites/``
-run them once per GPU product of a cluster (or locally on the CPU on the embedded one).
+run them once per GPU product of a real cluster (and skip on the embedded one).
 """
 
 __all__ = ["REGISTRY", "Benchmark", "get", "names", "register", "run_and_record"]

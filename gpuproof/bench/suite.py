@@ -1,9 +1,10 @@
 """What the bench suites (suites/test_bench_*.py) share.
 
-- On the embedded cluster (kwok nodes: pods never execute) a benchmark runs locally on
-  the CPU at small sizes (``Benchmark.ci_params``), recorded with node ``local``.
-- On a real cluster it runs once per GPU product, on the first node of that product,
-  in a pod of the stock PyTorch image; records carry that node and product.
+A benchmark runs once per GPU product of a real cluster, on the first node of that product,
+in a pod of the stock PyTorch image; records carry that node and product. On the embedded
+cluster (kwok nodes: pods never execute) the benchmarks skip, saying so, like every check that
+needs real GPUs; ``gpuproof bench --local`` runs them on this host, and gpuproof's own tests
+cover the workloads' CPU path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 from ..errors import GpuproofError
 from . import get
-from .benchmarks import run_and_record
 
 IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
 MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at most this many nodes (default 4)
@@ -42,44 +42,16 @@ def is_simulated(target, discovery=None) -> bool:
     return bool(discovery is not None and getattr(discovery, "simulated", False))
 
 
-REAL_ONLY = "the embedded cluster's GPU nodes are simulated (kwok): pods do not run there"
-
-
-def require_simulated(target, benchmark: str) -> None:
-    """Skip the local-CPU stand-in on a real cluster (there the benchmark runs on its GPUs)."""
-    import pytest
-
-    if not is_simulated(target):
-        pytest.skip(f"a real cluster: {benchmark} runs on its GPUs (the *_per_product tests)")
-
-
 def require_real_gpus(target, discovery, gpu_products: dict) -> None:
-    """Skip GPU-only tests on the embedded cluster or when discovery found no GPU product."""
+    """Skip a benchmark on the embedded cluster (simulated GPU nodes) or when discovery found no GPU product."""
     import pytest
+
+    from ..pytest_plugin import REAL_GPU_REASON
 
     if is_simulated(target, discovery):
-        pytest.skip(REAL_ONLY)
+        pytest.skip(f"{REAL_GPU_REASON}; `gpuproof bench --local` runs the benchmarks on this host")
     if not gpu_products:
         pytest.skip("no GPU products found in the cluster")
-
-
-def run_local_cpu(name: str, run_dir, extra: dict | None = None) -> tuple[dict, list]:
-    """The benchmark on this host's CPU at CI sizes; records go to ``run_dir`` with node 'local'.
-
-    Without the ``bench`` extra (a core install that only runs the scheduling suites) the test is
-    skipped, naming the extra: the workloads need torch on this host.
-    """
-    import pytest
-
-    from ..commands.extras import missing
-
-    lacking = missing(["torch"])
-    if lacking:
-        pytest.skip(f"the {name} workload runs on this host and needs gpuproof's 'bench' extra "
-                    f"({', '.join(lacking)} not installed): pip install 'gpuproof[bench]'")
-    bench = get(name)
-    params = bench.params({**bench.ci_params, **(extra or {})}, device="cpu")
-    return run_and_record(name, run_dir, params, node="local", product="cpu")
 
 
 def node_gpus(discovery, node_name: str, all_gpus: bool = False) -> tuple[str, int]:

@@ -1,8 +1,7 @@
 """Optional dependencies (pip extras): say which one is missing in one line, never a traceback.
 
-The core install runs the scheduling suites and the reports. Running workloads on this
-host (``gpuproof bench --local``, and the local CPU stand-ins of ``gpuproof run --bench``
-on the embedded cluster) needs the ``bench`` extra. Checks use ``find_spec``: nothing
+The core install runs the suites and the reports. Running workloads on this host
+(``gpuproof bench --local``) needs the ``bench`` extra. Checks use ``find_spec``: nothing
 here imports torch or locust.
 """
 

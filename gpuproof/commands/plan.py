@@ -97,13 +97,6 @@ def _preflight(args) -> list[str]:
         from ..fleet import load_fleet
 
         load_fleet(args.fleet or "mixed")
-    if (args.bench or args.only_bench) and not real:
-        from .extras import missing
-
-        lacking = missing(["torch", "locust"])
-        if lacking:
-            warnings.append(f"the benchmarks run on this host's CPU on the embedded cluster and need gpuproof's "
-                            f"'bench' extra ({', '.join(lacking)} not installed)")
     return warnings
 
 

@@ -122,7 +122,8 @@ def check_kubeconfig(path: str | None) -> None:
 
 def preflight(args) -> None:
     """Refuse, in one line, what would otherwise fail inside pytest: a bad fleet, an unreachable or
-    forbidding cluster, a missing extra, an unusable report folder."""
+    forbidding cluster, an embedded cluster without control-plane binaries (built here, with
+    progress, where Go is installed), an unusable report folder."""
     real = bool(args.kubeconfig or args.context)
     if real and args.fleet:
         raise GpuproofError("--fleet is for the embedded cluster; it cannot be combined with --kubeconfig/--context")
@@ -135,11 +136,6 @@ def preflight(args) -> None:
         if not _SAFE.match(args.run_id):
             raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
     suites_dir()
-    if (args.bench or args.only_bench) and not real:
-        from .extras import require
-
-        # on the embedded cluster the benchmarks run on this host's CPU (its GPU nodes are simulated)
-        require("bench", ["torch", "locust"], "gpuproof run --bench on the embedded cluster")
     if real:
         from ..cluster import connect
         from ..rbac import preflight as rbac_preflight, run_needs
@@ -150,8 +146,11 @@ def preflight(args) -> None:
                        run_needs(bench=args.bench or args.only_bench, lease=not no_lease))
     else:
         from ..fleet import load_fleet
+        from ..sim import binaries
+        from ..sim.cli import progress
 
         load_fleet(args.fleet or "mixed")   # FleetError names the file and the field
+        binaries.locate(progress=progress)  # finds them, or builds them on first use, or says how to get them
 
 
 def _run(args) -> int:

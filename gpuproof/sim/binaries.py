@@ -7,9 +7,16 @@ Each binary is looked up, in order, in:
 3. gpuproof's build cache (``$GPUPROOF_CACHE``, default ``~/.cache/gpuproof``),
 4. ``PATH``.
 
-Whatever is still missing is built from the Go modules in ``controlplane/``, which pin
-Kubernetes, etcd and kwok, into the build cache. The cache key covers go.mod, go.sum,
-the Go version and the build flags, so a bump of any of them rebuilds once.
+Whatever is still missing is built with Go from the modules in ``controlplane/``, which pin
+Kubernetes, etcd and kwok. The wheel and the sdist ship those modules' files
+(``MODULE_FILES``) as ``gpuproof/_controlplane``, which in a checkout is a link to
+``controlplane/``: a checkout and an installed gpuproof build the same way.
+
+The cache holds one folder per module and build, ``controlplane/<module>-<key>``. The key is a
+digest of the module's files (names and contents, not where they lie) and its build settings, so a
+checkout and an install of the same version share one build, and a bump of a pin rebuilds once. The
+Go toolchain is not part of the key: what a build produces is decided by the pinned sources, and an
+install without Go still finds what a checkout on the same machine built.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 from ..errors import ControlPlaneError
 
@@ -31,7 +40,9 @@ KUBE_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.5"
 KWOK_VERSION = "v0.7.0"
 
-MODULES_DIR = Path(__file__).resolve().parents[2] / "controlplane"
+# What a build of a module under controlplane/ reads, and so what the wheel ships of it
+# (pyproject.toml's package-data lists the same patterns; tests/test_packaging.py compares them).
+MODULE_FILES = ("go.mod", "go.sum", "*.go", "*.sh")
 
 # binary -> (module folder, package pattern it is built from)
 BINARIES = {
@@ -41,6 +52,12 @@ BINARIES = {
     "kube-scheduler": ("kube", "k8s.io/kubernetes/cmd/kube-scheduler"),
     "kwok": ("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
 }
+
+Progress = Callable[[str], None]
+
+
+def _quiet(msg: str) -> None:
+    pass
 
 
 def _version_ldflags(version: str) -> str:
@@ -69,6 +86,49 @@ def env_var(name: str) -> str:
     return "GPUPROOF_" + name.upper().replace("-", "_")
 
 
+# ---------------------------------------------------------------------------- the Go modules and the cache
+
+
+def modules_dir() -> Path:
+    """``controlplane/``: the repository's in a checkout (through the ``gpuproof/_controlplane`` link),
+    the copy inside the package when installed."""
+    from ..workloads import package_folder
+
+    return package_folder("_controlplane").resolve()
+
+
+def module_files(module: str) -> list[Path]:
+    """The files of ``controlplane/<module>`` that a build reads (``MODULE_FILES``, in sub-folders too)."""
+    folder = modules_dir() / module
+    if not (folder / "go.mod").is_file():
+        raise ControlPlaneError(f"cannot build: the Go module folder {folder} (its go.mod) is missing from this "
+                                f"install; reinstall gpuproof")
+    return sorted({p for pattern in MODULE_FILES for p in folder.rglob(pattern) if p.is_file()})
+
+
+def content_key(paths: Iterable[Path], *settings: str, root: Path | None = None) -> str:
+    """A digest of files (their names relative to ``root``, default ``controlplane/``, and contents)
+    and of settings that change what is built (flags, environment), for a cache folder's name.
+    It depends on nothing else, so the same files in a checkout and in an install give one key."""
+    root = root or modules_dir()
+    h = hashlib.sha256()
+    for rel, path in sorted((p.relative_to(root).as_posix(), p) for p in paths):
+        data = path.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    for s in settings:
+        h.update(f"{len(s)}\0{s}".encode())
+    return h.hexdigest()[:16]
+
+
+def module_cache(module: str, *settings: str) -> Path:
+    """The cache folder of what ``controlplane/<module>`` builds with these settings."""
+    return cache_root() / "controlplane" / f"{module}-{content_key(module_files(module), *settings)}"
+
+
+# ---------------------------------------------------------------------------- locate
+
+
 @dataclasses.dataclass
 class Binaries:
     paths: dict[str, Path]
@@ -85,43 +145,14 @@ def _is_exe(p: Path) -> bool:
     return p.is_file() and os.access(p, os.X_OK)
 
 
-def build_key() -> str:
-    """A digest of everything that decides what the build produces."""
-    h = hashlib.sha256()
-    for folder in sorted({m for m, _ in BINARIES.values()}):
-        for f in ("go.mod", "go.sum"):
-            p = MODULES_DIR / folder / f
-            h.update(p.read_bytes() if p.exists() else b"")
-        h.update(LDFLAGS[folder].encode())
-    h.update((MODULES_DIR / "kube" / "cmd" / "etcd" / "main.go").read_bytes()
-             if (MODULES_DIR / "kube" / "cmd" / "etcd" / "main.go").exists() else b"")
-    h.update(_go_version().encode())
-    return h.hexdigest()[:16]
-
-
-def _go_version() -> str:
-    go = shutil.which("go")
-    if not go:
-        return "no-go"
-    try:
-        return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown-go"
-
-
-def build_dir() -> Path:
-    return cache_root() / "controlplane" / f"{KUBE_VERSION}-{build_key()}" / "bin"
-
-
-def locate(build_missing: bool = True, progress=None) -> Binaries:
+def locate(build_missing: bool = True, progress: Progress | None = None) -> Binaries:
     """Find every binary; build the missing ones when allowed. Raises ControlPlaneError."""
-    progress = progress or (lambda msg: None)
     found: dict[str, Path] = {}
     sources: dict[str, str] = {}
     dirs = [(os.environ.get("GPUPROOF_BIN_DIR"), "$GPUPROOF_BIN_DIR"),
             (os.environ.get("KUBEBUILDER_ASSETS"), "$KUBEBUILDER_ASSETS")]
-    cache = build_dir()
-    for name in BINARIES:
+    caches: dict[str, Path] = {}
+    for name, (module, _) in BINARIES.items():
         var = os.environ.get(env_var(name))
         if var:
             if not _is_exe(Path(var)):
@@ -133,8 +164,10 @@ def locate(build_missing: bool = True, progress=None) -> Binaries:
                 found[name], sources[name] = Path(d) / name, label
                 break
         else:
-            if _is_exe(cache / name):
-                found[name], sources[name] = cache / name, "build cache"
+            if module not in caches:
+                caches[module] = module_cache(module, LDFLAGS[module])
+            if _is_exe(caches[module] / name):
+                found[name], sources[name] = caches[module] / name, "build cache"
             elif shutil.which(name):
                 found[name], sources[name] = Path(shutil.which(name)), "PATH"  # type: ignore[arg-type]
     missing = [n for n in BINARIES if n not in found]
@@ -142,55 +175,93 @@ def locate(build_missing: bool = True, progress=None) -> Binaries:
         if not build_missing:
             raise ControlPlaneError(
                 "control-plane binaries missing: " + ", ".join(missing) + ". Run `gpuproof sim build`.")
-        build(missing, progress=progress)
-        for name in missing:
-            found[name], sources[name] = cache / name, "build cache (just built)"
+        for name, path in build(missing, progress=progress).items():
+            found[name], sources[name] = path, "build cache (just built)"
     return Binaries(found, sources)
 
 
-def build(names: list[str] | None = None, progress=None, force: bool = False) -> Path:
-    """Build the named binaries (default all) into the cache. Safe against concurrent calls."""
-    progress = progress or (lambda msg: None)
-    names = names or list(BINARIES)
+# ---------------------------------------------------------------------------- build
+
+
+def _go(missing: list[str]) -> str:
     go = shutil.which("go")
     if not go:
         raise ControlPlaneError(
-            "the embedded cluster needs kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok, "
-            f"missing: {', '.join(names)}.\n"
-            "Either install Go 1.25 or newer (https://go.dev/dl, or your distribution's golang package) so gpuproof "
-            "can build them from the pinned modules in controlplane/, or point gpuproof at existing binaries with "
-            "GPUPROOF_BIN_DIR=/dir (or KUBEBUILDER_ASSETS, or one variable per binary such as "
-            "GPUPROOF_KUBE_APISERVER=/path).")
-    if not MODULES_DIR.is_dir():
-        raise ControlPlaneError(f"cannot build: the Go modules folder {MODULES_DIR} is missing from this install")
-    out = build_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    lock_path = out.parent / ".build.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)           # a second builder waits here, then finds the binaries
-        todo = [n for n in names if force or not _is_exe(out / n)]
-        by_module: dict[str, list[str]] = {}
-        for n in todo:
-            by_module.setdefault(BINARIES[n][0], []).append(n)
-        for module, bins in by_module.items():
-            pkgs = [BINARIES[n][1] for n in bins]
-            progress(f"building {', '.join(bins)} from controlplane/{module} (first time only; several minutes)")
-            t0 = time.monotonic()
-            tmp = out.parent / f".tmp-{module}-{os.getpid()}"
-            tmp.mkdir(exist_ok=True)
-            cmd = [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", LDFLAGS[module], "-o", str(tmp) + "/", *pkgs]
-            env = dict(os.environ)
-            proc = subprocess.run(cmd, cwd=MODULES_DIR / module, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise ControlPlaneError(
-                    f"building {', '.join(bins)} failed (go build exited {proc.returncode}):\n"
-                    + _tail(proc.stderr + proc.stdout, 40))
-            for n in bins:
-                (tmp / n).replace(out / n)
-            shutil.rmtree(tmp, ignore_errors=True)
-            progress(f"built {', '.join(bins)} in {time.monotonic() - t0:.0f}s")
+            f"the embedded cluster needs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok "
+            f"(missing: {', '.join(missing)}); get them one of three ways: install Go 1.25 or newer "
+            f"(https://go.dev/dl) and gpuproof builds them once from its pinned modules, or set "
+            f"GPUPROOF_BIN_DIR to a folder holding them, or KUBEBUILDER_ASSETS to envtest's (one variable per "
+            f"binary, such as GPUPROOF_KUBE_APISERVER=/path, works too)")
+    return go
+
+
+def build(names: list[str] | None = None, progress: Progress | None = None,
+          force: bool = False) -> dict[str, Path]:
+    """Build the named binaries (default all) into the cache; returns name -> path."""
+    names = names or list(BINARIES)
+    go = _go(names)
+    by_module: dict[str, dict[str, str]] = {}
+    for n in names:
+        module, package = BINARIES[n]
+        by_module.setdefault(module, {})[n] = package
+    out: dict[str, Path] = {}
+    for module, packages in by_module.items():
+        folder = go_build(module, packages, ldflags=LDFLAGS[module], go=go, progress=progress, force=force)
+        out.update({n: folder / n for n in packages})
     return out
+
+
+def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict[str, str] | None = None,
+             go: str | None = None, progress: Progress | None = None, force: bool = False) -> Path:
+    """``go build`` binaries (name -> package) of ``controlplane/<module>`` into its cache folder
+    (:func:`module_cache` of the ldflags and env), unless they are there; returns the folder.
+    Safe against concurrent calls: a second builder waits for the first, then finds the binaries."""
+    progress = progress or _quiet
+    go = go or _go(list(packages))
+    env = env or {}
+    out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())))
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        todo = [n for n in packages if force or not _is_exe(out / n)]
+        if not todo:
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out))
+        try:
+            cmd = [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", f"{tmp}/",
+                   *(packages[n] for n in todo)]
+            _run_build(cmd, modules_dir() / module, {**os.environ, **env}, f"{', '.join(todo)} from "
+                       f"controlplane/{module}", progress)
+            for n in todo:
+                (tmp / n).replace(out / n)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _run_build(cmd: list[str], cwd: Path, env: dict, what: str, progress: Progress) -> None:
+    """Run a build, saying when it starts, while it lasts (at doubling intervals) and when it ends."""
+    progress(f"building {what} with Go (first time only: several minutes, 10-15 on 2 cores)")
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        wait = 30.0
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    progress(f"still building {what}: {time.monotonic() - t0:.0f}s so far")
+                    wait *= 2
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if code != 0:
+            log.seek(0)
+            raise ControlPlaneError(f"building {what} failed (go build exited {code}):\n{_tail(log.read(), 40)}")
+    progress(f"built {what} in {time.monotonic() - t0:.0f}s")
 
 
 def _tail(text: str, lines: int) -> str:

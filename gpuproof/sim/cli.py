@@ -9,7 +9,7 @@ import time
 from ..errors import GpuproofError
 
 
-def _progress(msg: str) -> None:
+def progress(msg: str) -> None:
     print(f"[gpuproof] {msg}", file=sys.stderr, flush=True)
 
 
@@ -52,8 +52,10 @@ def register(sub) -> None:
 
     b = s.add_parser("build", help="build (or find) the control-plane binaries and list them",
                      description="Find the control-plane binaries ($GPUPROOF_<NAME>, $GPUPROOF_BIN_DIR, "
-                                 "$KUBEBUILDER_ASSETS, the build cache, PATH) and build the missing ones from the "
-                                 "pinned Go modules in controlplane/.")
+                                 "$KUBEBUILDER_ASSETS, the build cache, PATH) and build the missing ones with Go "
+                                 "from the pinned modules gpuproof ships (controlplane/ in a checkout). The cache "
+                                 "is keyed on those modules' content, so a checkout and an install of the same "
+                                 "version share one build.")
     b.add_argument("--force", action="store_true", help="rebuild into the cache even if binaries exist")
     b.set_defaults(func=_build)
 
@@ -86,9 +88,9 @@ def _up(args) -> int:
 
     fleet = load_fleet(args.fleet)           # validate before anything starts
     t0 = time.monotonic()
-    kubeconfig = _cluster(args, args.port).up(fleet, progress=_progress, timeout=args.timeout)
-    _progress(f"embedded cluster up in {time.monotonic() - t0:.1f}s with fleet {fleet.name!r} "
-              f"({fleet.node_count} nodes). Use: export KUBECONFIG={kubeconfig}")
+    kubeconfig = _cluster(args, args.port).up(fleet, progress=progress, timeout=args.timeout)
+    progress(f"embedded cluster up in {time.monotonic() - t0:.1f}s with fleet {fleet.name!r} "
+             f"({fleet.node_count} nodes). Use: export KUBECONFIG={kubeconfig}")
     print(kubeconfig)
     return 0
 
@@ -109,10 +111,10 @@ def _status(args) -> int:
 
 
 def _down(args) -> int:
-    if _cluster(args).down(progress=_progress):
-        _progress("embedded cluster stopped and its state removed")
+    if _cluster(args).down(progress=progress):
+        progress("embedded cluster stopped and its state removed")
     else:
-        _progress("no embedded cluster was running")
+        progress("no embedded cluster was running")
     return 0
 
 
@@ -123,7 +125,7 @@ def _load(args) -> int:
     sim = _cluster(args)
     if not sim.status()["running"]:
         raise GpuproofError("the embedded cluster is not running; start it with `gpuproof sim up --fleet ...`")
-    sim.load_fleet(fleet, progress=_progress)
+    sim.load_fleet(fleet, progress=progress)
     return 0
 
 
@@ -131,12 +133,25 @@ def _build(args) -> int:
     from . import binaries
 
     if args.force:
-        binaries.build(progress=_progress, force=True)
-    found = binaries.locate(progress=_progress)
+        binaries.build(progress=progress, force=True)
+    found = binaries.locate(progress=progress)
     print(found.describe())
+    print(f"  Go modules: {binaries.modules_dir()}")
     for name in ("kube-apiserver", "etcd", "kwok"):
         print(f"  {name} --version: {binaries.version_of(found[name])}")
+    from . import nvidia
+
+    sw = nvidia.build(progress=progress, force=True) if args.force else nvidia.locate(progress=progress)
+    print(f"NVIDIA's node software (mock NVML, device plugin, GFD, DRA driver): {sw.root}")
     return 0
+
+
+def _sharing(pool) -> str:
+    ts, mig = pool.time_slicing, pool.mig
+    parts = [f"{ts.strategy} x{ts.replicas}"] if ts else []
+    if mig:
+        parts.append(f"MIG {mig.strategy} " + (", ".join(f"{n}x {p}" for p, n in mig.profiles.items()) or "(MIG off)"))
+    return "; ".join(parts) or "whole GPUs"
 
 
 def _fleets(args) -> int:
@@ -150,6 +165,6 @@ def _fleets(args) -> int:
     fl = load_fleet(args.check)
     print(f"{args.check}: valid fleet {fl.name!r}, {fl.node_count} nodes")
     for p in fl.pools:
-        res = ", ".join(f"{k}={v}" for k, v in p.gpu_resources().items()) or "no GPUs"
+        res = _sharing(p) if p.gpu else "no GPUs"
         print(f"  {p.name:<16} x{p.count:<4} {p.gpu.product if p.gpu else 'cpu-only':<28} {res}")
     return 0

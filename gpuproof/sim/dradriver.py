@@ -181,9 +181,10 @@ def apply_faults(client, node: str, faults) -> bool:
     sl["spec"]["devices"] = devices
     if duplicate is not None:
         sl["spec"]["pool"]["resourceSliceCount"] = 2
+    sl.update({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice"})
     custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", sl["metadata"]["name"], sl)
     if duplicate is not None:
-        second = {"apiVersion": sl["apiVersion"], "kind": "ResourceSlice",
+        second = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice",
                   "metadata": {"name": sl["metadata"]["name"] + "-dup",
                                "ownerReferences": sl["metadata"].get("ownerReferences", [])},
                   "spec": {**sl["spec"], "devices": [duplicate]}}
