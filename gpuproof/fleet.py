@@ -1,8 +1,9 @@
 """The fleet file: which simulated nodes the embedded cluster has, and what they advertise.
 
-A fleet is a list of node pools. Each pool turns into ``count`` Node objects whose
-capacity, allocatable, labels and taints are what the NVIDIA device plugin and GPU
-Feature Discovery (GFD) put on such hardware. Example::
+A fleet is a list of node pools. Each pool turns into ``count`` Node objects. The fleet names the
+hardware (product, count, driver, CUDA) and the device plugin's settings (time-slicing, MPS, MIG);
+what the nodes then carry, their GPU labels, capacity and allocatable, is what NVIDIA's GPU Feature
+Discovery and device plugin write over NVIDIA's mock NVML (``gpuproof.sim.gpunodes``). Example::
 
     name: mixed
     defaults:

@@ -5,6 +5,7 @@ The values below are what those programs were measured to write (issue #26), not
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -198,3 +199,28 @@ def test_mock_says_every_gpu_can_mig():
     fleet = parse_fleet({"pools": [{"name": "l4", "gpu": {"product": "NVIDIA-L4", "count": 1}}]})
     (node,) = fleet.node_objects()
     assert node["metadata"]["labels"]["nvidia.com/mig.capable"] == "true"
+
+
+@pytest.mark.parametrize("pool, field, problem", [
+    ({"gpu": {"product": "NVIDIA-L4", "count": 1}, "faults": [{"nvmlFailures": {"0": "melted"}}]},
+     "pools[0].faults[0].nvmlFailures.0", "'melted' is not one of the mock's failure modes: lost, fallen_off_bus, "
+                                          "ecc_uncorrectable"),
+    ({"gpu": {"product": "NVIDIA-L4", "count": 1}, "faults": [{"nvmlFailures": {"first": "lost"}}]},
+     "pools[0].faults[0].nvmlFailures.first", "keys are GPU indexes (0, 1, ...)"),
+    ({"gpu": {"product": "NVIDIA-L4", "count": 1}, "mps": {"replicas": 2}, "timeSlicing": {"replicas": 2}},
+     "pools[0].mps", "a pool shares its GPUs one way: timeSlicing or mps, not both"),
+])
+def test_nvidia_settings_refused_by_field(pool, field, problem):
+    with pytest.raises(FleetError, match=re.escape(problem)) as err:
+        parse_fleet({"pools": [{"name": "p", **pool}]})
+    assert (err.value.field, err.value.problem) == (field, problem)
+
+
+def test_mps_and_mig_off_parse():
+    fleet = parse_fleet({"pools": [{"name": "t4", "gpu": {"product": "Tesla-T4", "count": 4}, "mps": {"replicas": 3}},
+                                   {"name": "l40s", "gpu": {"product": "NVIDIA-L40S", "count": 2},
+                                    "mig": {"strategy": "single"}}]})
+    t4, l40s = fleet.pools
+    assert (t4.time_slicing.strategy, t4.time_slicing.replicas, t4.time_slicing.fail_requests_greater_than_one) == \
+        ("mps", 3, True)
+    assert (l40s.mig.strategy, l40s.mig.profiles, l40s.mig_enabled) == ("single", {}, False)

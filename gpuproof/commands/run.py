@@ -122,8 +122,8 @@ def check_kubeconfig(path: str | None) -> None:
 
 def preflight(args) -> None:
     """Refuse, in one line, what would otherwise fail inside pytest: a bad fleet, an unreachable or
-    forbidding cluster, an embedded cluster without control-plane binaries (built here, with
-    progress, where Go is installed), an unusable report folder."""
+    forbidding cluster, an embedded cluster without control-plane binaries or NVIDIA's node software
+    (built here, with progress, where Go is installed), an unusable report folder."""
     real = bool(args.kubeconfig or args.context)
     if real and args.fleet:
         raise GpuproofError("--fleet is for the embedded cluster; it cannot be combined with --kubeconfig/--context")
@@ -149,8 +149,12 @@ def preflight(args) -> None:
         from ..sim import binaries
         from ..sim.cli import progress
 
-        load_fleet(args.fleet or "mixed")   # FleetError names the file and the field
+        fleet = load_fleet(args.fleet or "mixed")   # FleetError names the file and the field
         binaries.locate(progress=progress)  # finds them, or builds them on first use, or says how to get them
+        if any(p.needs_nvidia() or p.dra for p in fleet.pools):
+            from ..sim import nvidia
+
+            nvidia.locate(progress=progress)    # NVIDIA's GFD, device plugin, DRA driver and mock NVML, likewise
 
 
 def _run(args) -> int:
