@@ -62,6 +62,8 @@ NVML_FAILURES = ("lost", "fallen_off_bus", "ecc_uncorrectable")
 LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
 # how a pool's GPUs reach pods: the device plugin (extended resources), DRA (ResourceSlices), or both
 OFFERS = ("device-plugin", "dra", "both")
+# what plays a pool's nodes: kwok (Node objects only), or real kubelets with containerd (gpuproof.sim.kubelet)
+BACKENDS = ("kwok", "kubelet")
 # GPU operator components (nvidia.com/gpu.deploy.<component>) on an operator-managed (OpenShift) node
 OPERATOR_COMPONENTS = ("driver", "container-toolkit", "device-plugin", "gpu-feature-discovery",
                        "dcgm-exporter", "dcgm", "operator-validator", "node-status-exporter")
@@ -167,6 +169,7 @@ class Pool:
     faults: list[Fault] = dataclasses.field(default_factory=list)
     label_scheme: str = "gfd"
     offer: str = "device-plugin"
+    backend: str = "kwok"
 
     @property
     def device_plugin(self) -> bool:
@@ -325,15 +328,7 @@ class Pool:
         for i, name in enumerate(self.node_names()):
             devices = dra.gpu_devices(name, self.gpu, self.mig if self.mig_enabled else None)
             faults = [f for f in self.faults if f.node is None or f.node == i]
-            duplicate = None
-            for fault in faults:
-                devices = [dev for dev in devices if dev["name"] not in fault.dra_drop_devices]
-                for dev in devices:
-                    for key, value in fault.dra_set_attributes.items():
-                        kind = next(iter(dev["attributes"].get(key) or {"string": None}))
-                        dev["attributes"][key] = {kind: value}
-                if fault.dra_duplicate_device and devices:
-                    duplicate = copy.deepcopy(devices[0])
+            devices, duplicate = dra_faults_applied(devices, faults)
             uid = node_uids.get(name, "")
             if duplicate is None:
                 out.append(dra.resource_slice(name, uid, devices))
@@ -341,6 +336,20 @@ class Pool:
                 out += [dra.resource_slice(name, uid, devices, index=0, count=2),
                         dra.resource_slice(name, uid, [duplicate], index=1, count=2)]
         return out
+
+
+def dra_faults_applied(devices: list[dict], faults: list[Fault]) -> tuple[list[dict], dict | None]:
+    """A slice's devices with the faults' DRA changes, and the device to publish a second time (or None)."""
+    duplicate = None
+    for fault in faults:
+        devices = [dev for dev in devices if dev["name"] not in fault.dra_drop_devices]
+        for dev in devices:
+            for key, value in fault.dra_set_attributes.items():
+                kind = next(iter(dev["attributes"].get(key) or {"string": None}))
+                dev["attributes"][key] = {kind: value}
+        if fault.dra_duplicate_device and devices:
+            duplicate = copy.deepcopy(devices[0])
+    return devices, duplicate
 
 
 def kwok_managed(node: dict) -> bool:
@@ -426,7 +435,7 @@ class Fleet:
 
                 views = gpunodes.observe(nvidia.locate(progress=progress), self, progress=progress)
         self.views = views
-        return [n for p in self.pools
+        return [n for p in self.pools if p.backend == "kwok"       # kubelet nodes register themselves
                 for n in p.node_objects({i: views[(p.name, i)] for i in range(p.count) if (p.name, i) in views})]
 
 
@@ -691,6 +700,11 @@ def _parse_pool(f: _Fields) -> Pool:
                 placements(pool.mig.profiles, pool.gpu.product)
             except ValueError as exc:
                 f.fail("mig.profiles", str(exc))
+    pool.backend = f.str("backend", "kwok")
+    if pool.backend not in BACKENDS:
+        f.fail("backend", f"{pool.backend!r} is not one of {', '.join(BACKENDS)}")
+    if pool.backend == "kubelet":
+        _check_kubelet_pool(pool, f)
     faults = f.get("faults", [])
     if not isinstance(faults, list):
         f.fail("faults", f"must be a list, got {_kind(faults)}")
@@ -700,6 +714,19 @@ def _parse_pool(f: _Fields) -> Pool:
             f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
     f.done()
     return pool
+
+
+def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
+    """What kubelet nodes cannot be yet: each refusal says why."""
+    if pool.mig_enabled:
+        f.fail("backend", "MIG pools stay on kwok: NVIDIA's mock NVML enumerates no MIG devices")
+    if pool.offer != "device-plugin":
+        f.fail("backend", "kubelet nodes offer GPUs through the device plugin only (the DRA driver as pods is not "
+                          "built yet)")
+    if pool.label_scheme != "gfd" or (pool.time_slicing and pool.time_slicing.strategy == "mps"):
+        f.fail("backend", "kubelet nodes run NVIDIA's own software only: labelScheme gfd, no MPS")
+    if f.get("faults"):
+        f.fail("backend", "faults on kubelet nodes are not supported yet")
 
 
 def _check_scheme(pool: Pool, f: _Fields) -> None:

@@ -158,6 +158,7 @@ def apply_faults(client, node: str, faults) -> bool:
     """Fleet faults in the slice NVIDIA's driver published for ``node`` (gpuproof's own tests use them).
     Returns whether any changed it."""
     from ..dra import GROUP, VERSION
+    from ..fleet import dra_faults_applied
 
     faults = [f for f in faults if f.dra_drop_devices or f.dra_set_attributes or f.dra_duplicate_device]
     if not faults:
@@ -168,16 +169,7 @@ def apply_faults(client, node: str, faults) -> bool:
     if not slices:
         return False
     sl = slices[0]
-    devices = sorted(sl["spec"]["devices"], key=lambda d: d["name"])
-    duplicate = None
-    for fault in faults:
-        devices = [d for d in devices if d["name"] not in fault.dra_drop_devices]
-        for dev in devices:
-            for key, value in fault.dra_set_attributes.items():
-                kind = next(iter(dev["attributes"].get(key) or {"string": None}))
-                dev["attributes"][key] = {kind: value}
-        if fault.dra_duplicate_device and devices:
-            duplicate = dict(devices[0])
+    devices, duplicate = dra_faults_applied(sorted(sl["spec"]["devices"], key=lambda d: d["name"]), faults)
     sl["spec"]["devices"] = devices
     if duplicate is not None:
         sl["spec"]["pool"]["resourceSliceCount"] = 2
