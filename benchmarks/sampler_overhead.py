@@ -8,8 +8,8 @@ Three measurements, all of the real sampler code (no stand-in NVML):
 2. ``loop at hz``: the sampler's own loop (``Sampler._loop``: fixed-rate schedule, tick,
    phase bookkeeping, appends) run in its thread at ``hz`` over the devices NVML reports
    (none without a GPU), CPU time of that thread (``time.thread_time``) per wall second.
-3. ``loop flat out``: the same loop with no wait between ticks for ``--seconds`` / 5,
-   giving the CPU cost of one tick; on a GPU host, also the cost of one device read
+3. ``loop flat out``: the same loop with no wait between ticks for ``--seconds`` / 5
+   (every read kept on the tick: no budget applies), giving the CPU cost of one tick; on a GPU host, also the cost of one device read
    (every NVML call the sampler makes for one GPU).
 
 On a GPU host, (1) and (2) include the NVML calls for every GPU; without one they
@@ -19,14 +19,25 @@ GPU (the budget is 1% per GPU at 10 Hz, i.e. 1 ms of CPU per GPU per tick); on a
 it also lists the CPU time of each read and the reads the sampler moved to the phase
 boundaries to stay within that budget.
 
+The last row is what the sampler says it cost in its own records (``sampler_cost`` of the
+summary a workload writes: CPU of its thread per tick and per GPU, each read's CPU time).
+
+``--mock PROFILE`` runs the same over NVIDIA's mock NVML with one of its GPU profiles (``h100``:
+8 GPUs), built by ``gpuproof.sim.nvidia``: the NVML calls are the mock's, not a driver's, so the
+figures are the sampler's own cost around NVML plus the mock's, a stand-in for a real driver's.
+
     python benchmarks/sampler_overhead.py --seconds 20 --hz 10
+    python benchmarks/sampler_overhead.py --seconds 20 --hz 10 --mock h100
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import shutil
+import tempfile
 import sys
 import threading
 import time
@@ -59,11 +70,11 @@ def as_used(hz: float, seconds: float) -> dict:
             "overhead_pct_of_core": max(0.0, used - base) / seconds * 100,
             "overhead_pct_of_core_per_gpu": max(0.0, used - base) / seconds * 100 / ndev,
             "cpu_us_per_tick": max(0.0, used - base) / s.ticks * 1e6 if s.ticks else None,
-            "sampler_cost": s.summary()["sampler_cost"]}
+            "sampler_cost": s.summary()["sampler_cost"], "summary_devices": s.summary()["devices"]}
 
 
-def run_loop(hz: float, seconds: float) -> dict:
-    s = nvml_sampler.Sampler(hz=hz)
+def run_loop(hz: float, seconds: float, budget_pct: float = nvml_sampler.DEFAULT_BUDGET_PCT) -> dict:
+    s = nvml_sampler.Sampler(hz=hz, budget_pct=budget_pct)
     t = threading.Thread(target=s._loop, daemon=True)  # the real loop, whatever devices NVML reports
     t0 = time.perf_counter()
     t.start()
@@ -96,17 +107,38 @@ def device_read_cost(n: int = 2000) -> dict | None:
             "read_cpu_us": dev.read_cost_us()}
 
 
+def rerun_over_mock(args) -> int:
+    """This script again, in a process of its own with NVIDIA's mock NVML first on LD_LIBRARY_PATH."""
+    import subprocess
+
+    from gpuproof.sim.nvidia import locate
+
+    sw = locate()
+    with tempfile.TemporaryDirectory(prefix="gpuproof-sampler-mock-") as tmp:
+        config = Path(tmp) / "config.yaml"
+        shutil.copy(sw.profiles / f"mock-nvml-config-{args.mock}.yaml", config)
+        env = {**os.environ, "LD_LIBRARY_PATH": f"{sw.lib}:{os.environ.get('LD_LIBRARY_PATH', '')}",
+               "MOCK_NVML_CONFIG": str(config)}
+        argv = ["--seconds", str(args.seconds), "--hz", str(args.hz)] + (["--json", args.json] if args.json else [])
+        return subprocess.run([sys.executable, __file__, *argv], env=env).returncode
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--hz", type=float, default=10.0)
     p.add_argument("--json", default=None)
+    p.add_argument("--mock", default=None, metavar="PROFILE",
+                   help="run over NVIDIA's mock NVML with this GPU profile (h100, a100, t4, gb200, ...)")
     args = p.parse_args()
+    if args.mock:
+        return rerun_over_mock(args)
     out = {
         "host": platform.platform(),
         "as_used": as_used(args.hz, args.seconds),
         "loop_at_hz": run_loop(args.hz, args.seconds),
-        "loop_flat_out": run_loop(1e6, max(1.0, args.seconds / 5)),
+        # flat out, no read fits any budget: keep every read on the tick, for the cost of a whole tick
+        "loop_flat_out": run_loop(1e6, max(1.0, args.seconds / 5), budget_pct=float("inf")),
         "device_read": device_read_cost(),
     }
     a, l, f = out["as_used"], out["loop_at_hz"], out["loop_flat_out"]
@@ -134,6 +166,14 @@ def main() -> int:
             print(f"| reads moved to phase boundaries (over budget) | | | | {l['moved_to_boundaries']} |")
     else:
         print("| one tick's reads of one GPU (NVML calls) | not measurable here: no GPU | | | |")
+    c = a["sampler_cost"]
+    if a["available"]:
+        reads = ", ".join(f"{k} {v:.1f} us" for k, v in c["read_cpu_us"].items())
+        print(f"| the sampler's own records (`sampler_cost`, as used) | {c['cpu_us_per_tick']:.1f} us | "
+              f"{c['pct_of_core']:.4f} % | {c['pct_of_core_per_gpu']:.4f} % | {c['ticks']} ticks over "
+              f"{a['devices']} GPU(s); per read and GPU: {reads}; moved to phase boundaries: "
+              f"{c['moved_to_boundaries'] or 'none'}; utilization from "
+              f"{sorted({d['util_source'] for d in a['summary_devices']})} |")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2, default=str))
     return 0

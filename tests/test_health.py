@@ -1,5 +1,8 @@
 """The health workload (workloads/health.py): NVML-level faults fed as plain data, thresholds, parsers,
-records and check records, and the CPU path end to end through ``gpuproof bench --local health``."""
+records and check records, and the CPU path end to end through ``gpuproof bench --local health``.
+
+The same faults injected into NVIDIA's mock NVML, read by the workload itself: tests/test_nvml_mock.py.
+Faults the mock cannot show (retired pages; a PCIe link below its maximum under load) are proven here only."""
 
 from __future__ import annotations
 
@@ -34,6 +37,11 @@ def healthy(**changes) -> dict:
         "pcie_gen_load": 5, "pcie_width_load": 16, "pcie_gen_idle": 1, "pcie_width_idle": 16,
         "pcie_max_gen": 5, "pcie_max_width": 16,
         "nvlink": [{"link": i, "active": True} for i in range(18)],
+        "nvlink_errors_start": {str(i): dict.fromkeys(health.NVLINK_ERROR_COUNTERS, 2) for i in range(18)},
+        "nvlink_errors_end": {str(i): dict.fromkeys(health.NVLINK_ERROR_COUNTERS, 2) for i in range(18)},
+        "fabric": {"state": 3, "status": 0, "health_mask": 0x1aa, "health_summary": 1},
+        "sram_ecc": {"volatile_uncorrected_parity": 0, "volatile_uncorrected_secded": 0, "volatile_corrected": 3,
+                     "aggregate_uncorrected": 0, "aggregate_corrected": 9, "threshold_exceeded": False},
         "persistence_mode": True, "power_limit_w": 700.0, "power_default_w": 700.0,
         "h2d_gbps": 53.1, "d2h_gbps": 54.9,
     }
@@ -49,7 +57,8 @@ def test_a_healthy_gpu_passes_every_item():
     items = health.evaluate_gpu(healthy())
     assert {i["verdict"] for i in items} == {"pass"}, [i for i in items if i["verdict"] != "pass"]
     names = set(by_name(items))
-    for want in ("xid_during_run", "xid_since_boot", "ecc_mode", "ecc_volatile_uncorrected", "ecc_volatile_corrected",
+    for want in ("gpu_reachable", "sram_ecc", "nvlink_errors", "fabric_health", "xid_during_run", "xid_since_boot",
+                 "ecc_mode", "ecc_volatile_uncorrected", "ecc_volatile_corrected",
                  "ecc_aggregate_uncorrected", "retired_pages", "retired_pages_pending", "remapped_rows_pending",
                  "remapped_rows_failure", "remapped_rows_uncorrected", "clock_events_during_load", "pcie_link_gen",
                  "pcie_link_width", "nvlink_links", "persistence_mode", "power_limit", "h2d_bandwidth",
@@ -86,7 +95,20 @@ FAULTS = [
     ({"nvlink": [{"link": i, "active": i != 3} for i in range(18)]}, "nvlink_links", "fail",
      ["1 of 18 NVLink links down: [3]"]),
     ({"persistence_mode": False}, "persistence_mode", "warn", ["persistence mode is off"]),
-    ({"power_limit_w": 500.0}, "power_limit", "warn", ["500 W is 71% of the default 700 W"]),
+    ({"power_limit_w": 500.0}, "power_limit", "fail", ["500 W is 71% of the default 700 W"]),
+    ({"sram_ecc": {**healthy()["sram_ecc"], "volatile_uncorrected_secded": 4, "threshold_exceeded": True}}, "sram_ecc",
+     "fail", ["past NVML's threshold", "4 uncorrectable (0 parity, 4 SEC-DED)"]),
+    ({"sram_ecc": {**healthy()["sram_ecc"], "volatile_uncorrected_parity": 1}}, "sram_ecc", "warn",
+     ["1 uncorrectable", "below NVML's threshold"]),
+    ({"nvlink_errors_end": {**healthy()["nvlink_errors_end"], "5": {"replay": 2, "recovery": 2, "crc_flit": 9,
+                                                                    "crc_data": 2}}},
+     "nvlink_errors", "fail", ["7 NVLink errors during the run (crc_flit 7) on links ['5']", "more than 0"]),
+    ({"fabric": {"state": 3, "status": 0, "health_mask": 0x19a, "health_summary": 2}}, "fabric_health", "fail",
+     ["fabric health unhealthy: route_unhealthy"]),
+    ({"fabric": {"state": 3, "status": 0, "health_mask": 0x1a9, "health_summary": None}}, "fabric_health", "warn",
+     ["limited capacity: degraded_bandwidth"]),
+    ({"fabric": {"state": 2, "status": 0, "health_mask": 0, "health_summary": None}}, "fabric_health", "fail",
+     ["fabric registration in progress"]),
     ({"h2d_gbps": 3.2}, "h2d_bandwidth", "fail", ["3.20 GB/s, below 8.0 GB/s"]),
     ({"d2h_gbps": 20.0}, "d2h_bandwidth", "warn", ["20.00 GB/s is 32% of the link's theoretical 63.0 GB/s"]),
 ]
@@ -126,6 +148,35 @@ def test_what_nvml_cannot_read_is_unavailable_with_the_reason():
         items["xid_since_boot"]["reason"]
 
 
+def test_a_lost_gpu_fails_reachable_and_its_other_readings_are_not_trusted():
+    items = by_name(health.evaluate_gpu(healthy(gone="NVML: GPU is lost (reading ecc_mode)",
+                                                xid_events=[{"xid": 79, "gpu": 0}])))
+    assert items["gpu_reachable"]["verdict"] == "fail" and "GPU is lost" in items["gpu_reachable"]["reason"]
+    assert items["xid_during_run"]["verdict"] == "fail"
+    others = [i for n, i in items.items() if n not in ("gpu_reachable", "xid_during_run", "xid_since_boot")]
+    assert others and all(i["verdict"] == "unavailable" and "not trusted" in i["reason"] for i in others)
+
+
+def test_a_gpu_nvml_gives_no_handle_for_fails_reachable():
+    r = {"index": 2, "uuid": None, "reason": "no NVML handle for GPU 2: NVML: Insufficient Power",
+         "unavailable": {"handle": "NVML: Insufficient Power"}}
+    items = by_name(health.evaluate_gpu(r))
+    assert items["gpu_reachable"]["verdict"] == "fail" and "Insufficient Power" in items["gpu_reachable"]["reason"]
+    assert all(i["verdict"] == "unavailable" for n, i in items.items() if n != "gpu_reachable")
+
+
+def test_idle_readings_say_the_gpus_were_not_loaded():
+    got = by_name(health.evaluate_gpu(healthy(load_on_gpu=False, clock_event_reasons_load=0x80)))
+    assert got["clock_events_during_load"]["verdict"] == "fail"
+    assert "while the GPUs were idle (no CUDA device" in got["clock_events_during_load"]["reason"]
+
+
+def test_fabric_health_mask_is_decoded():
+    assert health.fabric_conditions(0x1aa) == []
+    assert health.fabric_conditions(0x19a) == ["route_unhealthy"]
+    assert health.fabric_conditions(0x4aa) == ["incorrect_configuration=no_partition"]
+
+
 def test_without_nvml_every_gpu_item_is_unavailable_with_the_reason():
     why = "NVML unavailable: NVML Shared Library Not Found"
     items = health.evaluate_gpu({"index": None, "reason": why, "unavailable": {}})
@@ -155,6 +206,9 @@ def test_a_cuda_error_during_the_load_fails():
     ({"persistence_off": "fail"}, {"persistence_mode": False}, "persistence_mode", "fail"),
     ({"ecc_off": "pass"}, {"ecc_mode": False}, "ecc_mode", "pass"),
     ({"power_limit_min_ratio": 0.5}, {"power_limit_w": 500.0}, "power_limit", "pass"),
+    ({"power_limit_low": "warn"}, {"power_limit_w": 500.0}, "power_limit", "warn"),
+    ({"nvlink_errors_max": 10}, {"nvlink_errors_end": {**healthy()["nvlink_errors_end"], "0": dict.fromkeys(
+        health.NVLINK_ERROR_COUNTERS, 3)}}, "nvlink_errors", "pass"),
     ({"copy_min_gbps": 60}, {}, "h2d_bandwidth", "fail"),
     ({"copy_min_link_ratio": 0.1}, {"d2h_gbps": 20.0}, "d2h_bandwidth", "pass"),
     ({"retired_pages_max": 100}, {"retired_pages_sbe": 70}, "retired_pages", "warn"),
@@ -320,7 +374,8 @@ def test_failed_items_become_failed_checks_naming_node_expected_actual(tmp_path)
         record_checks(checker, sample_result(), target="gpu-a")
     assert len(checker.failures) == 1
     msg = checker.failures[0]
-    assert msg.startswith("gpu-a: GPU 0: ecc_volatile_uncorrected:") and "expected '<= 0', actual 2" in msg
+    assert msg.startswith("gpu-a: GPU 0 (GPU-a091da16-0000-1111-2222-333344445555): ecc_volatile_uncorrected:")
+    assert "expected '<= 0', actual 2" in msg
     rows = [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
     verdicts = {r["check"]: r["verdict"] for r in rows}
     assert verdicts["ecc_volatile_uncorrected"] == "fail" and verdicts["persistence_mode"] == "warn"
@@ -349,7 +404,7 @@ def check_bench_run(proc, tmp_path):
     copies = by_name(items)
     assert copies["h2d_bandwidth"]["value"] > 0 and "CPU-to-CPU" in copies["h2d_bandwidth"]["reason"]
     assert copies["p2p_bandwidth"]["value"] and all(v > 0 for v in copies["p2p_bandwidth"]["value"])
-    assert "no GPU" in copies["ecc_volatile_uncorrected"]["reason"]
+    assert "NVML" in copies["ecc_volatile_uncorrected"]["reason"]          # no NVML library here
     metrics = [json.loads(line) for line in (tmp_path / "h1" / "metrics.jsonl").read_text().splitlines()]
     assert any(m["metric"] == "verdict" and m["benchmark"] == "health" for m in metrics)
 

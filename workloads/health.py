@@ -1,37 +1,49 @@
 """GPU health inside a pod (or on this host): NVML health readings, a short load, copy bandwidth, DCGM.
 
-Per visible GPU:
+NVML is read whenever the library loads, whatever torch sees: the GPUs are enumerated through
+NVML, so a GPU that CUDA cannot use (an image whose CUDA is newer than the driver, a GPU
+fallen off the bus) is still checked. CUDA is needed only for the parts that compute (the load
+under which throttling and PCIe are read, the copies); without it those items say so.
 
+Per GPU NVML lists:
+
+- ``gpu_reachable``: NVML answers for the GPU (a lost GPU, fallen off the bus or needing a
+  reset, fails here; its other readings are then not trusted);
 - XID critical errors seen during the run (an NVML event set, polled while the workload
   runs) and XIDs since boot from the kernel log when it is readable (``/dev/kmsg``, then
   ``dmesg``; usually not readable in a pod, then reported "unavailable");
-- ECC mode and volatile / aggregate corrected and uncorrected ECC error counts;
+- ECC mode and volatile / aggregate corrected and uncorrected ECC error counts; SRAM ECC
+  (uncorrectable SRAM errors, NVML's SRAM error threshold);
 - retired pages (count, pending) and remapped rows (pending, failure, uncorrectable);
-- clock-event (throttle) reasons seen DURING a short matmul burst on every GPU;
+- clock-event (throttle) reasons seen DURING a short matmul burst on every GPU (without CUDA
+  the GPUs are idle, and the item says so);
 - PCIe link generation and width read during that load, against the maximum this GPU
   and system support (links downtrain at idle, so an idle reading only warns);
-- NVLink links up (state of every link NVML reports), persistence mode, the enforced
-  power limit against the default;
+- NVLink links up (state of every link NVML reports), NVLink data-link errors (replay,
+  recovery, CRC) counted during the run, NVLink fabric health (NVSwitch / GB200 fabrics);
+- persistence mode, the enforced power limit against the default;
 - host-to-device and device-to-host copy bandwidth (pinned memory), and a GPU-to-GPU copy
   bandwidth matrix over all visible GPUs;
 - ``dcgmi diag -r 1`` (``--dcgm-level 2`` for -r 2) when the image has DCGM;
 - ``torch_errors``: a CUDA error raised by the load or a copy fails the run as an item
   (a sick GPU gives a verdict, not a traceback).
 
-Every reading becomes an item ``{name, gpu, value, threshold, verdict, reason}`` with
-verdict pass | warn | fail | unavailable. Thresholds are in :data:`THRESHOLDS` (each one a
-command-line flag; the table is in workloads/README.md).
+Every reading becomes an item ``{name, gpu, uuid, value, threshold, verdict, reason}`` with
+verdict pass | warn | fail | unavailable. Where NVML answers Not Supported the item is
+"unavailable" with that answer, never a pass. Thresholds are in :data:`THRESHOLDS` (each one
+a command-line flag; the table is in workloads/README.md).
 
 The evaluation is pure: :func:`evaluate_gpu` and friends take plain dicts of readings, so
 faults can be fed as data. Only :class:`NvmlReader`, :class:`XidWatcher` and the torch
-parts touch hardware. Without NVML (the CPU) every GPU item is "unavailable" with the
-reason, and the copy-bandwidth code paths still run on CPU tensors.
+parts touch hardware. Without NVML every GPU item is "unavailable" with the reason, and the
+copy-bandwidth code paths still run on CPU tensors.
 
 Prints one JSON object on stdout; exit 0 when no item failed, 1 when one did.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -70,7 +82,11 @@ THRESHOLDS: dict[str, tuple] = {
     "pcie_min_width": (None, int, "PCIe lanes expected under load (default: the maximum)"),
     "nvlink_down_max": (0, int, "NVLink links down above this fail"),
     "persistence_off": ("warn", "verdict", "verdict when persistence mode is off"),
-    "power_limit_min_ratio": (0.95, float, "enforced power limit below this share of the default warns"),
+    "power_limit_min_ratio": (0.95, float, "enforced power limit below this share of the default fails "
+                                            "(--power-limit-low sets the verdict)"),
+    "power_limit_low": ("fail", "verdict", "verdict when the enforced power limit is below --power-limit-min-ratio"),
+    "nvlink_errors_max": (0, int, "NVLink data-link errors (replay, recovery, CRC) counted during the run "
+                                  "above this fail"),
     "copy_min_gbps": (8.0, float, "host<->device copy bandwidth below this (GB/s) fails"),
     "copy_min_link_ratio": (0.5, float, "host<->device bandwidth below this share of the PCIe link's "
                                         "theoretical rate warns"),
@@ -170,14 +186,19 @@ def evaluate_gpu(reading: dict, thresholds: dict | None = None) -> list[dict]:
     remapped_rows_corrected, remapped_rows_uncorrected, remapped_rows_pending,
     remapped_rows_failure (bools), clock_event_reasons_load (mask, union over the load),
     load_samples, pcie_gen_load, pcie_width_load, pcie_gen_idle, pcie_width_idle,
-    pcie_max_gen, pcie_max_width, nvlink (list of {link, active}), persistence_mode
-    (bool), power_limit_w, power_default_w, h2d_gbps, d2h_gbps, copy_device.
-    ``unavailable`` maps a key to why it is missing; ``reason`` applies to every key.
+    pcie_max_gen, pcie_max_width, load_on_gpu (bool: the samples were taken under a GPU load),
+    nvlink (list of {link, active}), nvlink_errors_start / nvlink_errors_end (link -> counter
+    -> count, read before and after the run), fabric ({state, status, health_mask,
+    health_summary}), sram_ecc (see :meth:`NvmlReader.sram_ecc`), persistence_mode (bool),
+    power_limit_w, power_default_w, h2d_gbps, d2h_gbps, copy_device, gone (why NVML says the
+    GPU is lost, when it does). ``unavailable`` maps a key to why it is missing; ``reason``
+    applies to every key.
     """
     t = resolve_thresholds(thresholds)
     r = reading
     ctx = {"gpu": r.get("index"), "uuid": r.get("uuid")}
     out = [
+        _reachable_item(r, ctx),
         _xid_items("xid_during_run", r.get("xid_events") or [], r, "xid_events", t, ctx, "during the run (NVML events)"),
         _xid_items("xid_since_boot", r.get("xid_log") or [], r, "xid_log", t, ctx, "in the kernel log since boot"),
     ]
@@ -205,6 +226,7 @@ def evaluate_gpu(reading: dict, thresholds: dict | None = None) -> list[dict]:
         else:
             out.append(item(name, "pass", r[name], f"<= {limit}", f"{r[name]} {kind} ECC errors",
                             unit="errors", **ctx))
+    out.append(_sram_item(r, ctx))
     # retired pages (pre-Ampere) and remapped rows (Ampere and later)
     why = _missing(r, "retired_pages_pending")
     if why:
@@ -249,7 +271,7 @@ def evaluate_gpu(reading: dict, thresholds: dict | None = None) -> list[dict]:
                         **ctx))
     out.append(_throttle_item(r, t, ctx))
     out += _pcie_items(r, t, ctx)
-    out.append(_nvlink_item(r, t, ctx))
+    out += [_nvlink_item(r, t, ctx), _nvlink_errors_item(r, t, ctx), _fabric_item(r, ctx)]
     # persistence mode
     why = _missing(r, "persistence_mode")
     if why:
@@ -269,12 +291,127 @@ def evaluate_gpu(reading: dict, thresholds: dict | None = None) -> list[dict]:
         lim, dflt = r["power_limit_w"], r["power_default_w"]
         share = lim / dflt if dflt else None
         ok = share is None or share >= ratio
-        out.append(item("power_limit", "pass" if ok else "warn", round(lim, 1), f">= {ratio:.0%} of default",
+        out.append(item("power_limit", "pass" if ok else t["power_limit_low"], round(lim, 1),
+                        f">= {ratio:.0%} of default",
                         f"enforced power limit {lim:.0f} W is {share:.0%} of the default {dflt:.0f} W"
                         if share is not None else f"enforced power limit {lim:.0f} W (no default known)",
                         unit="W", detail={"default_w": dflt}, **ctx))
     out += _copy_items(r, t, ctx)
+    if r.get("gone"):   # a lost GPU's other answers (some NVML calls still answer from cache) are not trusted
+        keep = ("gpu_reachable", "xid_during_run", "xid_since_boot")
+        out = [i if i["name"] in keep else item(i["name"], "unavailable", threshold=i["threshold"], unit=i["unit"],
+                                                 reason="the GPU is lost (see gpu_reachable): this reading is "
+                                                        "not trusted", **ctx) for i in out]
     return out
+
+
+def _reachable_item(r: dict, ctx: dict) -> dict:
+    if r.get("gone"):
+        return item("gpu_reachable", "fail", False, "NVML answers for the GPU",
+                    f"{r['gone']}: the GPU fell off the bus or stopped answering; it needs a reset or a reboot",
+                    **ctx)
+    if r.get("index") is None:
+        return item("gpu_reachable", "unavailable", threshold="NVML answers for the GPU",
+                    reason=r.get("reason") or "not read", **ctx)
+    if r["unavailable"].get("handle"):
+        return item("gpu_reachable", "fail", False, "NVML answers for the GPU",
+                    f"NVML counts this GPU but gives no handle for it ({r['unavailable']['handle']})", **ctx)
+    return item("gpu_reachable", "pass", True, "NVML answers for the GPU", "NVML answers for this GPU", **ctx)
+
+
+def _sram_item(r: dict, ctx: dict) -> dict:
+    threshold = "NVML's SRAM error threshold not exceeded, no uncorrectable SRAM error"
+    why = _missing(r, "sram_ecc")
+    if why:
+        return item("sram_ecc", "unavailable", threshold=threshold, reason=why, unit="errors", **ctx)
+    s = r["sram_ecc"]
+    parity, secded = s["volatile_uncorrected_parity"], s["volatile_uncorrected_secded"]
+    unc = parity + secded
+    counts = (f"{unc} uncorrectable ({parity} parity, {secded} SEC-DED), {s['volatile_corrected']} correctable "
+              "since the driver loaded")
+    if s["threshold_exceeded"]:
+        return item("sram_ecc", "fail", unc, threshold,
+                    f"SRAM ECC errors past NVML's threshold: {counts}; the GPU should be replaced", unit="errors",
+                    detail=s, **ctx)
+    if unc:
+        return item("sram_ecc", "warn", unc, threshold, f"{counts} (below NVML's threshold)", unit="errors",
+                    detail=s, **ctx)
+    return item("sram_ecc", "pass", 0, threshold, f"no uncorrectable SRAM ECC error ({counts})", unit="errors",
+                **ctx)
+
+
+# NVML_NVLINK_ERROR_DL_* counters, in their NVML order
+NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+
+
+def _nvlink_errors_item(r: dict, t: dict, ctx: dict) -> dict:
+    limit = t["nvlink_errors_max"]
+    threshold = f"<= {limit} during the run"
+    why = _missing(r, "nvlink_errors_start", "nvlink_errors_end")
+    if why:
+        return item("nvlink_errors", "unavailable", threshold=threshold, reason=why, unit="errors", **ctx)
+    start, end = r["nvlink_errors_start"], r["nvlink_errors_end"]
+    grew = {link: {c: end[link][c] - start[link][c] for c in counts if end[link][c] != start[link][c]}
+            for link, counts in end.items() if link in start}
+    grew = {link: d for link, d in grew.items() if d}
+    during = sum(sum(d.values()) for d in grew.values())
+    by_kind = {c: sum(d.get(c, 0) for d in grew.values()) for c in NVLINK_ERROR_COUNTERS}
+    total = sum(sum(c.values()) for c in end.values())
+    since = f"{total} since the counters were reset, over {len(end)} active links"
+    if during > limit:
+        kinds = ", ".join(f"{c} {n}" for c, n in by_kind.items() if n)
+        return item("nvlink_errors", "fail", during, threshold,
+                    f"{during} NVLink errors during the run ({kinds}) on links {sorted(grew, key=int)}, more than "
+                    f"{limit}; {since}", unit="errors", detail={"during_run": grew}, **ctx)
+    return item("nvlink_errors", "pass", during, threshold,
+                f"{during} NVLink errors during the run ({since})", unit="errors", **ctx)
+
+
+FABRIC_STATES = {0: "not supported", 1: "not started", 2: "in progress", 3: "completed"}
+FABRIC_SUMMARIES = {1: "healthy", 2: "unhealthy", 3: "limited capacity"}
+# nvmlGpuFabricInfo_v3_t.healthMask: 2-bit fields (1 = the condition holds), then a 4-bit
+# incorrect-configuration code (1 = none); NVML_GPU_FABRIC_HEALTH_MASK_* in nvml.h
+FABRIC_CONDITIONS = {"degraded_bandwidth": 0, "route_recovery": 2, "route_unhealthy": 4, "access_timeout_recovery": 6}
+FABRIC_MISCONFIGURATIONS = {2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition",
+                            5: "insufficient_nvlinks", 6: "incompatible_gpu_fw", 7: "invalid_location",
+                            8: "gpu_state_invalid"}
+
+
+def fabric_conditions(mask: int) -> list[str]:
+    """The fabric health conditions a healthMask reports ('route_unhealthy', 'incorrect_configuration=...')."""
+    out = [name for name, shift in FABRIC_CONDITIONS.items() if (mask >> shift) & 0x3 == 1]
+    misconfig = (mask >> 8) & 0xF
+    if misconfig > 1:
+        out.append(f"incorrect_configuration={FABRIC_MISCONFIGURATIONS.get(misconfig, misconfig)}")
+    return out
+
+
+def _fabric_item(r: dict, ctx: dict) -> dict:
+    threshold = "fabric registration completed, health summary healthy"
+    why = _missing(r, "fabric")
+    if why:
+        return item("fabric_health", "unavailable", threshold=threshold, reason=why, **ctx)
+    f = r["fabric"]
+    state = FABRIC_STATES.get(f["state"], f"state {f['state']}")
+    if f["state"] == 0:
+        return item("fabric_health", "unavailable", threshold=threshold,
+                    reason="NVML: this GPU is not part of an NVLink fabric (fabric state: not supported)", **ctx)
+    if f["state"] != 3 or f["status"] != 0:
+        problem = (f"fabric registration {state}" if f["state"] != 3 else
+                   f"fabric registration completed with NVML error {f['status']}")
+        return item("fabric_health", "fail", state, threshold,
+                    f"{problem}: the GPU has not joined its NVLink fabric (fabric manager / NVLink switches)",
+                    detail=f, **ctx)
+    conditions = fabric_conditions(f["health_mask"])
+    summary = f.get("health_summary")
+    if not summary:   # v2 of the struct, or a driver that gives no summary: NVML's rule from the mask
+        summary = 2 if set(conditions) - {"degraded_bandwidth"} else 3 if conditions else 1
+    word = FABRIC_SUMMARIES.get(summary, f"summary {summary}")
+    detail = {**f, "conditions": conditions}
+    said = f"fabric health {word}" + (f": {', '.join(conditions)}" if conditions else "")
+    if summary == 1:
+        return item("fabric_health", "pass", word, threshold, f"{said} (registration completed)", **ctx)
+    return item("fabric_health", "warn" if summary == 3 else "fail", word, threshold, said, detail=detail, **ctx)
 
 
 def _throttle_item(r: dict, t: dict, ctx: dict) -> dict:
@@ -287,7 +424,9 @@ def _throttle_item(r: dict, t: dict, ctx: dict) -> dict:
     bad = [n for n in seen if n in bad_names]
     noted = [n for n in seen if n not in bad_names and n != "gpu_idle"]
     n = r.get("load_samples")
-    during = f"during the load ({n} samples)" if n else "during the load"
+    during = "during the load" if r.get("load_on_gpu", True) else \
+        "while the GPUs were idle (no CUDA device: no load to read them under)"
+    during += f" ({n} samples)" if n else ""
     if bad:
         return item("clock_events_during_load", "fail", seen, threshold,
                     f"{', '.join(bad)} {during}" + (f"; also {', '.join(noted)}" if noted else ""), **ctx)
@@ -617,55 +756,78 @@ def run_dcgm(level: int, timeout: float) -> dict:
 # --------------------------------------------------------------------------- NVML readings
 
 
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def load_nvml():
-    """(pynvml, None) when NVML initialises, else (None, why not)."""
+def _handle_address(handle) -> int | None:
+    """The C pointer behind an NVML device handle: the same for a GPU's handle however it was obtained."""
     try:
-        import pynvml
-    except ImportError:
-        return None, "pynvml (nvidia-ml-py) is not installed"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return None, f"NVML unavailable: {exc}"
-    return pynvml, None
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return None
 
 
 class NvmlReader:
-    """Reads the health fields of every GPU NVML lists (MIG parents included) into plain dicts."""
+    """Reads the health fields of every GPU NVML lists (MIG parents included) into plain dicts.
+
+    A GPU whose handle NVML refuses is kept, with the reason; a call answering "GPU is lost" (or
+    "reset required") marks the reading ``gone``. Each GPU's identity (UUID, name, PCI bus) is
+    read first: NVML still answers it for a GPU that is about to be found lost.
+    """
 
     def __init__(self, nvml):
         self.nvml = nvml
-        self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        self.readings = [{"index": i, "unavailable": {}} for i in range(len(self.handles))]
-        for r, h in zip(self.readings, self.handles):
-            r["uuid"] = self._get(r, "uuid", lambda: _s(nvml.nvmlDeviceGetUUID(h)))
-            r["name"] = self._get(r, "name", lambda: _s(nvml.nvmlDeviceGetName(h)))
-            bus = self._get(r, "pci_bus_id", lambda: _s(nvml.nvmlDeviceGetPciInfo(h).busId))
-            r["pci_bus_id"] = normalize_bus_id(bus) if bus else None
+        self.readings: list[dict] = []
+        self.handles: list = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            r = {"index": i, "unavailable": {}}
+            h = self._get(r, "handle", lambda i=i: nvml.nvmlDeviceGetHandleByIndex(i))
+            if h is None:
+                r["reason"] = f"no NVML handle for GPU {i}: {r['unavailable']['handle']}"
+            else:
+                r["uuid"] = self._get(r, "uuid", lambda h=h: common.nvml_str(nvml.nvmlDeviceGetUUID(h)))
+                r["name"] = self._get(r, "name", lambda h=h: common.nvml_str(nvml.nvmlDeviceGetName(h)))
+                bus = self._get(r, "pci_bus_id", lambda h=h: common.nvml_str(nvml.nvmlDeviceGetPciInfo(h).busId))
+                r["pci_bus_id"] = normalize_bus_id(bus) if bus else None
+            self.readings.append(r)
+            self.handles.append(h)
         self._reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             getattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+
+    def live(self):
+        """(reading, handle) of every GPU NVML gave a handle for."""
+        return [(r, h) for r, h in zip(self.readings, self.handles) if h is not None]
+
+    def index_of(self, handle) -> int | None:
+        addr = _handle_address(handle)
+        return next((r["index"] for r, h in self.live() if addr is not None and _handle_address(h) == addr), None)
 
     @staticmethod
     def _get(reading: dict, field: str, fn):
         try:
             return fn()
-        except Exception as exc:   # NotSupported, NoPermission, GpuIsLost, missing symbol ...
-            reading["unavailable"][field] = f"NVML: {exc}"
+        except Exception as exc:   # NotSupported, NoPermission, GpuIsLost, a symbol this nvidia-ml-py lacks ...
+            reading["unavailable"][field] = str(exc) if isinstance(exc, AttributeError) else f"NVML: {exc}"
+            gone = common.nvml_gone(exc)
+            if gone and not reading.get("gone"):
+                reading["gone"] = f"{gone} (reading {field})"
             return None
+
+    def _fn(self, name: str):
+        """An nvidia-ml-py function or struct, or AttributeError naming what this version lacks."""
+        found = getattr(self.nvml, name, None)
+        if found is None:
+            raise AttributeError(f"this nvidia-ml-py ({getattr(self.nvml, '__version__', 'unknown version')}) "
+                                 f"has no {name}")
+        return found
 
     def read_static(self) -> None:
         n = self.nvml
-        for r, h in zip(self.readings, self.handles):
+        for r, h in self.live():
             g = lambda field, fn: r.__setitem__(field, self._get(r, field, fn))  # noqa: E731
             g("ecc_mode", lambda: bool(n.nvmlDeviceGetEccMode(h)[0]))
             for kind, et in (("corrected", n.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                              ("uncorrected", n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
                 for counter, ct in (("volatile", n.NVML_VOLATILE_ECC), ("aggregate", n.NVML_AGGREGATE_ECC)):
                     g(f"ecc_{counter}_{kind}", lambda et=et, ct=ct: int(n.nvmlDeviceGetTotalEccErrors(h, et, ct)))
+            g("sram_ecc", lambda: self.sram_ecc(h))
             g("retired_pages_sbe", lambda: len(n.nvmlDeviceGetRetiredPages(
                 h, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)))
             g("retired_pages_dbe", lambda: len(n.nvmlDeviceGetRetiredPages(
@@ -686,11 +848,40 @@ class NvmlReader:
             g("power_limit_w", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h) / 1e3)
             g("power_default_w", lambda: n.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1e3)
             r["nvlink"] = self._nvlink(r, h)
+            g("fabric", lambda: self.fabric(h))
+        self.read_nvlink_errors("nvlink_errors_start")
+
+    def sram_ecc(self, h) -> dict:
+        """SRAM ECC counters and NVML's threshold flag (nvmlDeviceGetSramEccErrorStatus)."""
+        s = self._fn("c_nvmlEccSramErrorStatus_v1_t")()
+        self._fn("nvmlDeviceGetSramEccErrorStatus")(h, ctypes.byref(s))
+        return {"volatile_uncorrected_parity": int(s.volatileUncParity),
+                "volatile_uncorrected_secded": int(s.volatileUncSecDed), "volatile_corrected": int(s.volatileCor),
+                "aggregate_uncorrected": int(s.aggregateUncParity + s.aggregateUncSecDed),
+                "aggregate_corrected": int(s.aggregateCor), "threshold_exceeded": bool(s.bThresholdExceeded)}
+
+    def fabric(self, h) -> dict:
+        """NVLink fabric registration and health (nvmlDeviceGetGpuFabricInfoV; v3, else v2 without a summary)."""
+        get = self._fn("nvmlDeviceGetGpuFabricInfoV")
+        info = self._fn("c_nvmlGpuFabricInfo_v3_t")()
+        try:
+            get(h, ctypes.byref(info))
+        except Exception as exc:
+            if getattr(exc, "value", None) != getattr(self.nvml, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", 25):
+                raise
+            info = self._fn("c_nvmlGpuFabricInfo_v2_t")()     # an older driver
+            get(h, ctypes.byref(info))
+        return {"state": int(info.state), "status": int(info.status), "health_mask": int(info.healthMask),
+                "health_summary": int(getattr(info, "healthSummary", 0)) or None}
 
     def _nvlink(self, reading: dict, h) -> list[dict] | None:
+        """State of each NVLink link the GPU has: NVML's link count (NVML_FI_DEV_NVLINK_LINK_COUNT) when it
+        gives one (a T4 has none, an A100 12), else every link index NVML answers for."""
         n = self.nvml
         links, first_error = [], None
-        for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18)):
+        count = self._get(reading, "nvlink_link_count", lambda: common.nvml_field(
+            n.nvmlDeviceGetFieldValues(h, [self._fn("NVML_FI_DEV_NVLINK_LINK_COUNT")])[0]))
+        for link in range(getattr(n, "NVML_NVLINK_MAX_LINKS", 18) if count is None else count):
             try:
                 state = n.nvmlDeviceGetNvLinkState(h, link)
             except Exception as exc:   # NotSupported / InvalidArgument: no such link
@@ -704,6 +895,21 @@ class NvmlReader:
             return None
         return links
 
+    def read_nvlink_errors(self, field: str) -> None:
+        """NVLink data-link error counters of every active link into ``field`` (link -> counter -> count)."""
+        def counts(h, active):
+            get = self._fn("nvmlDeviceGetNvLinkErrorCounter")
+            return {str(link): {c: int(get(h, link, i)) for i, c in enumerate(NVLINK_ERROR_COUNTERS)}
+                    for link in active}
+
+        for r, h in self.live():
+            active = [link["link"] for link in r.get("nvlink") or [] if link["active"]]
+            if active:
+                r[field] = self._get(r, field, lambda: counts(h, active))
+            else:
+                r[field] = None
+                r["unavailable"][field] = _missing(r, "nvlink") or "this GPU reports no active NVLink link"
+
     def sample_load(self) -> list[dict]:
         """One reading of clock-event reasons, PCIe generation and width (under load)."""
         n = self.nvml
@@ -713,7 +919,7 @@ class NvmlReader:
             for key, fn in (("reasons", self._reasons_fn), ("gen", n.nvmlDeviceGetCurrPcieLinkGeneration),
                             ("width", n.nvmlDeviceGetCurrPcieLinkWidth)):
                 try:
-                    row[key] = int(fn(h)) if fn else None
+                    row[key] = int(fn(h)) if fn and h is not None else None
                 except Exception as exc:
                     row[key], row[f"{key}_error"] = None, f"NVML: {exc}"
             rows.append(row)
@@ -721,10 +927,12 @@ class NvmlReader:
 
 
 class LoadWatcher:
-    """Samples :meth:`NvmlReader.sample_load` at ``hz`` in a thread; folds the samples into readings."""
+    """Samples :meth:`NvmlReader.sample_load` at ``hz`` in a thread; folds the samples into readings.
 
-    def __init__(self, reader: NvmlReader, hz: float = 10.0):
-        self.reader, self.interval = reader, 1.0 / hz
+    ``on_gpu``: whether the GPUs are loaded meanwhile (False without CUDA: the readings are idle ones)."""
+
+    def __init__(self, reader: NvmlReader, hz: float = 10.0, on_gpu: bool = True):
+        self.reader, self.interval, self.on_gpu = reader, 1.0 / hz, on_gpu
         self.samples: list[list[dict]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="health-load-watch", daemon=True)
@@ -748,13 +956,17 @@ class LoadWatcher:
         for i, r in enumerate(self.reader.readings):
             rows = [s[i] for s in self.samples if i < len(s)]
             r["load_samples"] = len(rows)
+            r["load_on_gpu"] = self.on_gpu
             for key, field, combine in (("reasons", "clock_event_reasons_load", None),
                                         ("gen", "pcie_gen_load", max), ("width", "pcie_width_load", max)):
                 vals = [row[key] for row in rows if row.get(key) is not None]
+                if not self.on_gpu and key != "reasons":
+                    vals = []      # PCIe read at idle stays the idle reading (links downtrain at idle)
                 if not vals:
                     r[field] = None
                     err = next((row.get(f"{key}_error") for row in rows if row.get(f"{key}_error")), None)
-                    r["unavailable"][field] = err or "no sample during the load"
+                    r["unavailable"][field] = err or ("no GPU load (no CUDA device)" if not self.on_gpu else
+                                                      "no sample during the load")
                 elif combine is None:
                     mask = 0
                     for v in vals:
@@ -765,7 +977,11 @@ class LoadWatcher:
 
 
 class XidWatcher:
-    """XID critical-error events from an NVML event set, polled in a thread while the workload runs."""
+    """XID critical-error events from an NVML event set, polled in a thread while the workload runs.
+
+    Each event is given to the GPU whose handle it carries (by the handle's address, then by UUID:
+    a lost GPU no longer answers for its UUID). The thread waits at least once and drains what is
+    pending when it is stopped, so an XID that was raised before the run is never missed."""
 
     def __init__(self, nvml, reader: NvmlReader, poll_ms: int = 200):
         self.nvml, self.reader, self.poll_ms = nvml, reader, poll_ms
@@ -780,7 +996,7 @@ class XidWatcher:
         except Exception as exc:
             self.error = f"NVML event set: {exc}"
             return
-        for r, h in zip(reader.readings, reader.handles):
+        for r, h in reader.live():
             try:
                 nvml.nvmlDeviceRegisterEvents(h, nvml.nvmlEventTypeXidCriticalError, self._set)
                 self.registered[r["index"]] = None
@@ -796,20 +1012,23 @@ class XidWatcher:
     def _loop(self) -> None:
         n = self.nvml
         timeout_code = getattr(n, "NVML_ERROR_TIMEOUT", 10)
-        while not self._stop.is_set():
+        while True:
+            stopping = self._stop.is_set()
             try:
-                data = n.nvmlEventSetWait_v2(self._set, self.poll_ms)
+                data = n.nvmlEventSetWait_v2(self._set, 0 if stopping else self.poll_ms)
             except Exception as exc:
-                if getattr(exc, "value", None) == timeout_code:
-                    continue
-                self.error = f"NVML event wait: {exc}"
-                return
+                if getattr(exc, "value", None) != timeout_code:
+                    self.error = f"NVML event wait: {exc}"
+                    return
+                if stopping:
+                    return
+                continue
             try:
-                uuid = _s(n.nvmlDeviceGetUUID(data.device))
-            except Exception:
+                uuid = common.nvml_str(n.nvmlDeviceGetUUID(data.device))
+            except Exception:    # a lost GPU: its handle still says which one it is
                 uuid = None
-            self.events.append({"xid": int(data.eventData), "uuid": uuid, "time": time.time(),
-                                "gpu_instance": int(getattr(data, "gpuInstanceId", 0) or 0)})
+            self.events.append({"xid": int(data.eventData), "gpu": self.reader.index_of(data.device), "uuid": uuid,
+                                "time": time.time(), "gpu_instance": int(getattr(data, "gpuInstanceId", 0) or 0)})
 
     def __exit__(self, *exc):
         self._stop.set()
@@ -829,7 +1048,13 @@ class XidWatcher:
                 r["xid_events"] = None
                 r["unavailable"]["xid_events"] = why
             else:
-                r["xid_events"] = [e for e in self.events if e["uuid"] in (None, r.get("uuid"))]
+                r["xid_events"] = [e for e in self.events if _event_is_for(e, r)]
+
+
+def _event_is_for(event: dict, reading: dict) -> bool:
+    if event.get("gpu") is not None:
+        return event["gpu"] == reading["index"]
+    return event.get("uuid") in (None, reading.get("uuid"))     # an event NVML names no GPU for: every GPU's
 
 
 def fold_kernel_xids(readings: list[dict], text: str | None, why: str | None) -> None:
@@ -992,6 +1217,40 @@ def _jsonable_thresholds(t: dict) -> dict:
     return {k: sorted(v) if isinstance(v, set) else v for k, v in t.items()}
 
 
+def open_nvml() -> tuple[NvmlReader | None, str | None]:
+    """The NVML reader over every GPU NVML lists (identities read), or (None, why not)."""
+    nvml, why = common.load_nvml()
+    if nvml is None:
+        return None, why
+    try:
+        reader = NvmlReader(nvml)
+    except Exception as exc:
+        return None, f"NVML could not list devices: {exc}"
+    if not reader.readings:
+        return None, "NVML sees no GPU"
+    return reader, None
+
+
+def attach_copies(readings: list[dict], copies: list[dict], cuda_devices: list[str], cuda_reason: str | None,
+                  torch) -> None:
+    """Give each NVML GPU the copy bandwidth torch measured on it (matched by UUID: torch lacks the GPU- prefix)."""
+    by_uuid = {}
+    for d in cuda_devices:
+        u = getattr(torch.cuda.get_device_properties(d), "uuid", None)
+        if u is not None:
+            by_uuid[str(u).lower()] = d
+    for r in readings:
+        d = by_uuid.get(str(r.get("uuid") or "").lower().removeprefix("gpu-"))
+        if d is None and len(readings) == 1 and len(cuda_devices) == 1:
+            d = cuda_devices[0]     # a MIG slice: torch sees the MIG device, NVML its parent GPU
+        c = next((c for c in copies if c["device"] == d), None)
+        for key in ("h2d_gbps", "d2h_gbps"):
+            r[key] = c[key] if c else None
+            if not c:
+                r["unavailable"][key] = (f"{cuda_reason}: host<->GPU copies need CUDA" if cuda_reason else
+                                         "torch has no CUDA device with this GPU's UUID")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -1004,17 +1263,10 @@ def main(argv: list[str] | None = None) -> int:
     device = common.setup_device(args)
     result = common.base_result("health")
     result.update(device=device, torch=torch.__version__, thresholds=_jsonable_thresholds(thresholds))
-    nvml, nvml_reason = load_nvml() if device == "cuda" else (None, "no GPU: running on the CPU (--device cpu "
-                                                                    "or torch sees no CUDA device)")
-    reader = None
-    if nvml is not None:
-        try:
-            reader = NvmlReader(nvml)
-            reader.read_static()
-            if not reader.readings:
-                nvml_reason, reader = "NVML sees no GPU", None
-        except Exception as exc:
-            nvml_reason, reader = f"NVML could not list devices: {exc}", None
+    cuda_reason = None if device == "cuda" else "no CUDA device (--device cpu)" if args.device == "cpu" else \
+        f"no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}, sees none)"
+    reader, nvml_reason = open_nvml()           # whatever torch sees: NVML is NVIDIA's own view of the GPUs
+    nvml = reader.nvml if reader else None
     readings = reader.readings if reader else []
     cuda_devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if device == "cuda" else []
     result["driver"] = driver_proc_info()
@@ -1032,9 +1284,11 @@ def main(argv: list[str] | None = None) -> int:
             return None
 
     xid = XidWatcher(nvml, reader) if reader else None
-    with (xid or _nullcontext()):
+    with (xid or _nullcontext()):     # XIDs raised while the GPUs are read count too
+        if reader:
+            reader.read_static()
         common.log(f"load: {args.load_s:.1f}s of {size}x{size} matmuls on {cuda_devices or ['cpu']}")
-        with (LoadWatcher(reader, args.sample_hz) if reader else _nullcontext()):
+        with (LoadWatcher(reader, args.sample_hz, on_gpu=bool(cuda_devices)) if reader else _nullcontext()):
             result["load"] = guarded("matmul load", matmul_burst, cuda_devices or ["cpu"], args.load_s, size)
         nbytes = args.copy_mib * 2**20
         copies = []
@@ -1054,34 +1308,18 @@ def main(argv: list[str] | None = None) -> int:
                           min(nbytes, 64 * 2**20) if device == "cpu" else nbytes, args.copy_iters) or \
                 {"pairs": [], "reason": "the copies failed (see torch_errors)", "device": device}
             if device == "cpu":
-                p2p["reason"] = nvml_reason
+                p2p["reason"] = cuda_reason
         result["p2p"] = p2p
-        # inside the XID window: the diagnostic stresses the GPUs too
-        result["dcgm"] = run_dcgm(args.dcgm_level, args.dcgm_timeout_s) if device == "cuda" else \
+        # inside the XID window: the diagnostic stresses the GPUs too (DCGM reads the GPUs without CUDA)
+        result["dcgm"] = run_dcgm(args.dcgm_level, args.dcgm_timeout_s) if reader else \
             {"level": args.dcgm_level, "reason": nvml_reason}
     result["torch_errors"] = errors
 
-    if reader and not args.no_kernel_log:
-        fold_kernel_xids(readings, *read_kernel_log())
-    elif reader:
-        fold_kernel_xids(readings, None, "turned off (--no-kernel-log)")
-
-    # match torch's copies to NVML GPUs by UUID (torch lacks the GPU- prefix)
-    if readings:
-        by_uuid = {}
-        for d in cuda_devices:
-            u = getattr(torch.cuda.get_device_properties(d), "uuid", None)
-            if u is not None:
-                by_uuid[str(u).lower()] = d
-        for r in readings:
-            d = by_uuid.get(str(r.get("uuid") or "").lower().removeprefix("gpu-"))
-            if d is None and len(readings) == 1 and len(cuda_devices) == 1:
-                d = cuda_devices[0]     # a MIG slice: torch sees the MIG device, NVML its parent GPU
-            c = next((c for c in copies if c["device"] == d), None)
-            for key in ("h2d_gbps", "d2h_gbps"):
-                r[key] = c[key] if c else None
-                if not c:
-                    r["unavailable"][key] = "torch has no CUDA device with this GPU's UUID"
+    if reader:
+        reader.read_nvlink_errors("nvlink_errors_end")
+        fold_kernel_xids(readings, *((None, "turned off (--no-kernel-log)") if args.no_kernel_log
+                                     else read_kernel_log()))
+        attach_copies(readings, copies, cuda_devices, cuda_reason, torch)
     else:   # no NVML: one set of items, every one unavailable with the reason
         c = copies[0] if copies else {}
         readings = [{"index": None, "uuid": None, "reason": nvml_reason, "unavailable": {},
@@ -1095,29 +1333,53 @@ def main(argv: list[str] | None = None) -> int:
     for r in readings:
         items += evaluate_gpu(r, thresholds)
     items += evaluate_p2p(p2p, thresholds)
-    items.append(evaluate_errors(errors, device, nvml_reason))
+    items.append(evaluate_errors(errors, device, cuda_reason))
     items += evaluate_dcgm(result["dcgm"])
 
-    result["nvml"] = {"available": reader is not None, "reason": None if reader else nvml_reason}
+    result["nvml"] = {"available": reader is not None, "reason": nvml_reason,
+                      "driver_version": _driver_version(nvml)}
+    result["cuda"] = {"available": not cuda_reason, "reason": cuda_reason, "devices": len(cuda_devices)}
     # what gpuproof bench reports about sampling: the load watcher above is this workload's sampler
-    result["utilization"] = {"available": reader is not None, "reason": None if reader else nvml_reason,
-                             "phases": {}}
+    result["utilization"] = {"available": reader is not None, "reason": nvml_reason, "phases": {}}
     result["gpus"] = [{k: r.get(k) for k in ("index", "uuid", "name", "pci_bus_id")} for r in readings
                       if r.get("index") is not None]
     result["readings"] = readings
     result["items"] = items
     result["summary"] = summarize(items)
-    result["failed"] = [f"{('GPU ' + str(i['gpu']) + ' ') if i['gpu'] is not None else ''}{i['name']}: {i['reason']}"
-                        for i in items if i["verdict"] == "fail"]
+    result["failed"] = [f"{gpu_label(i)}{i['name']}: {i['reason']}" for i in items if i["verdict"] == "fail"]
     result["ok"] = not result["failed"]
     result["elapsed_s"] = round(time.monotonic() - t_start, 3)
     for f in result["failed"]:
         common.log(f"FAIL {f}")
-    s = result["summary"]
-    common.log(f"health: {s['pass']} pass, {s['warn']} warn, {s['fail']} fail, {s['unavailable']} unavailable "
-               f"({len(result['gpus'])} GPU(s), {result['elapsed_s']:.1f}s)")
+    common.log(f"health: {headline(result)}")
     common.emit(result)
     return 0 if result["ok"] else 1
+
+
+def gpu_label(it: dict) -> str:
+    """'GPU 3 (GPU-0100...): ' for an item of one GPU, '' for a node-wide one."""
+    if it.get("gpu") is None:
+        return ""
+    return f"GPU {it['gpu']}" + (f" ({it['uuid']})" if it.get("uuid") else "") + ": "
+
+
+def headline(result: dict) -> str:
+    """One line: the verdict counts and the GPUs NVML listed, by UUID (gpuproof bench prints it)."""
+    s = result.get("summary") or {}
+    gpus = result.get("gpus") or []
+    counts = ", ".join(f"{s.get(v, 0)} {v}" for v in VERDICTS)
+    seen = (f"{len(gpus)} GPU(s) through NVML: {', '.join(str(g.get('uuid') or g.get('index')) for g in gpus)}"
+            if gpus else f"0 GPU(s): {(result.get('nvml') or {}).get('reason')}")
+    cuda = (result.get("cuda") or {}).get("reason")
+    return f"{counts} items on {seen}" + (f"; {cuda}" if cuda else "") + \
+        (f" ({result['elapsed_s']:.1f}s)" if result.get("elapsed_s") is not None else "")
+
+
+def _driver_version(nvml) -> str | None:
+    try:
+        return common.nvml_str(nvml.nvmlSystemGetDriverVersion()) if nvml else None
+    except Exception:
+        return None
 
 
 if __name__ == "__main__":

@@ -11,9 +11,15 @@ Used three ways, one code path:
 With no GPU, no NVML library or no ``pynvml`` module the sampler records nothing, does
 not start a thread, and says why in ``summary()["reason"]``; it never raises for that.
 
-Per tick and GPU one sample row: GPU and memory utilization (%), memory used (MiB),
-power (W, in one batched ``nvmlDeviceGetFieldValues`` call), temperature (C), SM clock
-(MHz) and the clock-event (throttle) reason bitmask. Slow counters (energy, volatile ECC
+NVML is read whatever torch sees: every GPU NVML lists is sampled (a GPU NVML cannot open is
+left out and named in ``skipped_devices``). Per tick and GPU one sample row: GPU and memory
+utilization (%), memory used (MiB), power (W, in one batched ``nvmlDeviceGetFieldValues``
+call), temperature (C), SM clock (MHz) and the clock-event (throttle) reason bitmask.
+Utilization is the mean of the driver's own samples since the last tick
+(``nvmlDeviceGetSamples``); where NVML does not support those (NVIDIA's mock NVML, some
+virtual GPUs) it falls back to ``nvmlDeviceGetUtilizationRates``. Each row's
+``util_source`` (``samples`` or ``utilization_rates``) and each device's ``util_fallback``
+in the summary say which was used and why. Slow counters (energy, volatile ECC
 totals: one batched field call) are read only at phase boundaries (start, each phase's
 start and end, stop), which gives energy and ECC errors per phase. Fields a GPU does not
 support are None (and not asked again).
@@ -74,19 +80,6 @@ def decode_reasons(mask: int | None) -> list[str]:
     return names
 
 
-def _load_nvml():
-    """(module, None) when NVML initialises, else (None, reason)."""
-    try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        return None, "pynvml (nvidia-ml-py) is not installed"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return None, f"NVML unavailable: {exc}"
-    return pynvml, None
-
-
 # Per-tick values in one nvmlDeviceGetFieldValues call (sample field -> NVML field id name).
 TICK_FIELDS = {"power_w": "NVML_FI_DEV_POWER_INSTANT"}
 # Slow counters, read only at phase boundaries (start, phase starts and ends, stop), in one
@@ -96,18 +89,11 @@ BOUNDARY_FIELDS = {
     "ecc_corrected": "NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
     "ecc_uncorrected": "NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
 }
+# Where utilization comes from: the driver's own samples since the last tick (nvmlDeviceGetSamples), or,
+# where NVML does not support those, the utilization over its last sample period (nvmlDeviceGetUtilizationRates).
+UTIL_SAMPLES, UTIL_RATES = "samples", "utilization_rates"
 DEFAULT_BUDGET_PCT = 1.0   # % of one core per GPU the per-tick reads may cost at the sampling rate
 CALIBRATION_TICKS = 3      # ticks whose read costs decide which reads move to phase boundaries
-
-_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-
-
-def _field_value(fv) -> Any:
-    """The value of one nvmlFieldValue_t, or None when NVML returned an error for it."""
-    if getattr(fv, "nvmlReturn", 0) != 0:
-        return None
-    return getattr(fv.value, _VALUE_ATTR.get(getattr(fv, "valueType", 3), "ullVal"))
-
 
 class _Device:
     """One GPU's NVML handle, its per-tick readers and the fields it turned out not to support.
@@ -130,6 +116,12 @@ class _Device:
                 setattr(self, attr, getattr(self, attr).decode())
         max_clock = getattr(nvml, "nvmlDeviceGetMaxClockInfo", None)
         self.max_sm_clock_mhz = self._call("max_sm_clock_mhz", max_clock, nvml.NVML_CLOCK_SM) if max_clock else None
+        self._last_sample: dict[int, tuple[int, float | None]] = {}    # sampling type -> (timestamp, mean)
+        self.util_source, self.util_fallback = UTIL_SAMPLES, None
+        try:
+            self._sampled_util()
+        except Exception as exc:   # Not Supported (NVIDIA's mock, some vGPUs), or an nvidia-ml-py without it
+            self.util_source, self.util_fallback = UTIL_RATES, f"nvmlDeviceGetSamples: {exc}"
         self.tick_readers: dict[str, Any] = {
             "fields": self._read_tick_fields,
             "util": self._read_util,
@@ -165,7 +157,7 @@ class _Device:
             return {f: None for f in wanted}
         out = {f: None for f in wanted}
         for f, fv in zip(names, values):
-            out[f] = _field_value(fv)
+            out[f] = common.nvml_field(fv)
         return out
 
     def _read_tick_fields(self) -> dict:
@@ -175,10 +167,40 @@ class _Device:
             power = self._call("power_w", self.nvml.nvmlDeviceGetPowerUsage)
         return {"power_w": power / 1e3 if power is not None else None}  # mW -> W
 
+    def _sampled_util(self) -> tuple[float | None, float | None]:
+        """GPU and memory utilization (%) as the driver sampled them since the last call: the mean of
+        ``nvmlDeviceGetSamples`` (the last mean again when the driver took no new sample)."""
+        n = self.nvml
+        get = getattr(n, "nvmlDeviceGetSamples", None)
+        if get is None:
+            raise AttributeError("this nvidia-ml-py has no nvmlDeviceGetSamples")
+        out = []
+        for kind in (n.NVML_GPU_UTILIZATION_SAMPLES, n.NVML_MEMORY_UTILIZATION_SAMPLES):
+            since, last = self._last_sample.get(kind, (0, None))
+            try:
+                value_type, samples = get(self.handle, kind, since)
+            except Exception as exc:
+                if getattr(exc, "value", None) != getattr(n, "NVML_ERROR_NOT_FOUND", 6):   # 6: no new sample
+                    raise
+                samples = []
+            if samples:
+                values = [common.nvml_value(x.sampleValue, value_type) for x in samples]
+                last = sum(values) / len(values)
+                since = max(x.timeStamp for x in samples)
+            self._last_sample[kind] = (since, last)
+            out.append(last)
+        return out[0], out[1]
+
     def _read_util(self) -> dict:
+        if self.util_source == UTIL_SAMPLES:
+            try:
+                gpu, mem = self._sampled_util()
+                return {"gpu_util_pct": gpu, "mem_util_pct": mem, "util_source": UTIL_SAMPLES}
+            except Exception as exc:
+                self.util_source, self.util_fallback = UTIL_RATES, f"nvmlDeviceGetSamples: {exc}"
         util = self._call("util", self.nvml.nvmlDeviceGetUtilizationRates)
         return {"gpu_util_pct": util.gpu if util is not None else None,
-                "mem_util_pct": util.memory if util is not None else None}
+                "mem_util_pct": util.memory if util is not None else None, "util_source": UTIL_RATES}
 
     def _read_mem(self) -> dict:
         mem = self._call("mem", self.nvml.nvmlDeviceGetMemoryInfo)
@@ -320,17 +342,21 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.devices: list[_Device] = []
-        self.nvml, self.reason = (nvml, None) if nvml is not None else _load_nvml()
+        self.skipped: dict[int, str] = {}     # NVML index -> why it is not sampled (e.g. GPU is lost)
+        self.nvml, self.reason = (nvml, None) if nvml is not None else common.load_nvml()
         if self.nvml is not None:
             try:
                 count = self.nvml.nvmlDeviceGetCount()
-                wanted = range(count) if devices is None else [i for i in devices if i < count]
-                self.devices = [_Device(self.nvml, i) for i in wanted]
             except Exception as exc:
-                self.reason = f"NVML could not list devices: {exc}"
-                self.devices = []
+                self.reason, count = f"NVML could not list devices: {exc}", 0
+            for i in range(count) if devices is None else [i for i in devices if i < count]:
+                try:
+                    self.devices.append(_Device(self.nvml, i))
+                except Exception as exc:     # one GPU NVML cannot open does not stop the others' sampling
+                    self.skipped[i] = f"NVML: {exc}"
+                    common.log(f"sampler: GPU {i} not sampled: NVML: {exc}")
             if not self.devices and self.reason is None:
-                self.reason = "NVML sees no GPU"
+                self.reason = "NVML sees no GPU" + (f" it can open ({self.skipped})" if self.skipped else "")
 
     @property
     def available(self) -> bool:
@@ -457,8 +483,9 @@ class Sampler:
             available=self.available,
             reason=self.reason,
             hz=self.hz,
-            devices=[{"gpu": d.index, "uuid": d.uuid, "name": d.name, "max_sm_clock_mhz": d.max_sm_clock_mhz}
-                     for d in self.devices],
+            devices=[{"gpu": d.index, "uuid": d.uuid, "name": d.name, "max_sm_clock_mhz": d.max_sm_clock_mhz,
+                      "util_source": d.util_source, "util_fallback": d.util_fallback} for d in self.devices],
+            skipped_devices=self.skipped,
             n_samples=len(samples),
             ticks=self.ticks,
             missed_ticks=self.missed_ticks,
@@ -519,7 +546,7 @@ def make_sampler(hz: float, torch_device: str | None = None):
 
             props = torch.cuda.get_device_properties(torch.cuda.current_device())
             want = _normal_uuid(getattr(props, "uuid", ""))
-            nvml, _ = _load_nvml()
+            nvml, _ = common.load_nvml()
             if nvml is not None and want:
                 for i in range(nvml.nvmlDeviceGetCount()):
                     if _normal_uuid(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) == want:

@@ -1,8 +1,8 @@
 """In-pod GPU probe: what this container can see, and whether a small kernel computes right.
 
 Reports torch, CUDA (build) and driver versions; the devices torch sees (name, compute
-capability, memory, UUID); the devices NVML sees (name, UUID, memory, MIG mode and the
-UUIDs of MIG instances); CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; and runs a
+capability, memory, UUID); the devices NVML sees, whether or not CUDA works (name, UUID,
+memory, MIG mode and the UUIDs of MIG instances; a GPU NVML cannot answer for, with the error); CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; and runs a
 small elementwise + matmul kernel on every visible device (or on the CPU) whose result
 is checked exactly against an integer reference.
 
@@ -25,8 +25,7 @@ import time
 import workload_common as common
 
 
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+_s = common.nvml_str
 
 
 _PREFIXED = re.compile(r"^(GPU|MIG)-(.*)$", re.IGNORECASE)
@@ -69,49 +68,57 @@ def normalize_torch_uuids(torch_devices: list[dict], nvml_uuids: list[str]) -> N
 
 
 def nvml_inventory() -> dict:
-    """Driver version and devices as NVML reports them (MIG instances included)."""
-    try:
-        import pynvml
-    except ImportError:
-        return {"available": False, "reason": "pynvml (nvidia-ml-py) is not installed"}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return {"available": False, "reason": f"NVML unavailable: {exc}"}
+    """Driver version and devices as NVML reports them (MIG instances included), whatever torch sees.
+
+    A GPU NVML cannot answer for (lost, fallen off the bus) is listed with its index and the error."""
+    nvml, why = common.load_nvml()
+    if nvml is None:
+        return {"available": False, "reason": why}
     out: dict = {"available": True, "devices": []}
     try:
-        out["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
-        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040
+        out["driver_version"] = _s(nvml.nvmlSystemGetDriverVersion())
+        cuda = nvml.nvmlSystemGetCudaDriverVersion()  # e.g. 12040
         out["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
     except Exception as exc:
         out["driver_error"] = str(exc)
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        dev = {
-            "index": i,
-            "name": _s(pynvml.nvmlDeviceGetName(h)),
-            "uuid": _s(pynvml.nvmlDeviceGetUUID(h)),
-            "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
-        }
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except Exception as exc:
+        return {**out, "available": False, "reason": f"NVML could not list devices: {exc}"}
+    for i in range(count):
         try:
-            current, _pending = pynvml.nvmlDeviceGetMigMode(h)
-            dev["mig_mode"] = bool(current == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1))
-        except Exception:  # not MIG capable
-            dev["mig_mode"] = None
-        if dev["mig_mode"]:
-            dev["mig_devices"] = []
-            for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-                try:
-                    m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-                except Exception:  # empty slot
-                    continue
-                dev["mig_devices"].append({
-                    "index": j,
-                    "uuid": _s(pynvml.nvmlDeviceGetUUID(m)),
-                    "memory_total_mib": pynvml.nvmlDeviceGetMemoryInfo(m).total // 2**20,
-                })
-        out["devices"].append(dev)
+            out["devices"].append(_nvml_device(nvml, i))
+        except Exception as exc:
+            out["devices"].append({"index": i, "error": f"NVML: {exc}"})
     return out
+
+
+def _nvml_device(nvml, i: int) -> dict:
+    h = nvml.nvmlDeviceGetHandleByIndex(i)
+    dev = {
+        "index": i,
+        "name": _s(nvml.nvmlDeviceGetName(h)),
+        "uuid": _s(nvml.nvmlDeviceGetUUID(h)),
+        "memory_total_mib": nvml.nvmlDeviceGetMemoryInfo(h).total // 2**20,
+    }
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(h)
+        dev["mig_mode"] = bool(current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1))
+    except Exception:  # not MIG capable
+        dev["mig_mode"] = None
+    if dev["mig_mode"]:
+        dev["mig_devices"] = []
+        for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except Exception:  # empty slot
+                continue
+            dev["mig_devices"].append({
+                "index": j,
+                "uuid": _s(nvml.nvmlDeviceGetUUID(m)),
+                "memory_total_mib": nvml.nvmlDeviceGetMemoryInfo(m).total // 2**20,
+            })
+    return dev
 
 
 def torch_devices() -> list[dict]:
@@ -222,11 +229,13 @@ def main(argv: list[str] | None = None) -> int:
                 for c in result["kernel_checks"] if not c["ok"]]
     if args.expect_gpus is not None and len(result["torch_devices"]) != args.expect_gpus:
         problems.append(f"expected {args.expect_gpus} CUDA devices, torch sees {len(result['torch_devices'])}")
+    problems += [f"NVML GPU {d['index']}: {d['error']}" for d in result["nvml"].get("devices") or [] if d.get("error")]
     result["problems"] = problems
     result["ok"] = not problems
     for p in problems:
         common.log(f"problem: {p}")
     common.log(f"torch {torch.__version__}, {len(result['torch_devices'])} CUDA device(s), "
+               f"{len(result['nvml'].get('devices') or [])} NVML GPU(s) {result['nvml_uuids']}, "
                f"driver {result['driver_version']}, {'ok' if result['ok'] else 'FAILED'}")
     common.emit(result)
     return 0 if result["ok"] else 1

@@ -1,4 +1,4 @@
-"""Helpers shared by the workloads (stdlib only; torch is imported lazily).
+"""Helpers shared by the workloads (stdlib only; torch and pynvml are imported lazily).
 
 The files in this folder are shipped into pods as one ConfigMap and run with a stock
 PyTorch image, so nothing here may import the ``gpuproof`` package. Sibling modules
@@ -109,6 +109,54 @@ def fail_usage(message: str) -> int:
     log(f"error: {message}")
     emit({"ok": False, "error": message})
     return 2
+
+
+# --------------------------------------------------------------------------- NVML
+
+# NVML return codes that mean the GPU itself is gone, not that a query is unsupported (nvml.h).
+NVML_GPU_GONE = {15: "GPU is lost", 16: "GPU requires a reset"}
+
+
+def load_nvml():
+    """(pynvml, None) when NVML initialises, else (None, why not).
+
+    Whatever torch sees: NVML is NVIDIA's own view of the GPUs, and reading it needs no CUDA
+    (an image whose CUDA is newer than the driver still has NVML)."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None, "pynvml (nvidia-ml-py) is not installed"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return None, f"NVML unavailable: {exc}"
+    return pynvml, None
+
+
+def nvml_str(value) -> str:
+    """NVML strings: bytes from nvidia-ml-py < 11.5, str after."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_gone(exc: BaseException) -> str | None:
+    """Why the GPU is gone when an NVML error says so (GPU is lost, reset required), else None."""
+    code = getattr(exc, "value", None)
+    return f"NVML: {exc}" if code in NVML_GPU_GONE else None
+
+
+_NVML_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def nvml_value(value, value_type: int):
+    """The number in an NVML value union (c_nvmlValue_t), by its nvmlValueType_t."""
+    return getattr(value, _NVML_VALUE_ATTR.get(value_type, "ullVal"))
+
+
+def nvml_field(fv):
+    """The value of one nvmlFieldValue_t, or None when NVML returned an error for it."""
+    if getattr(fv, "nvmlReturn", 0) != 0:
+        return None
+    return nvml_value(fv.value, getattr(fv, "valueType", 3))
 
 
 # --------------------------------------------------------------------------- sizes

@@ -129,8 +129,9 @@ def _headline(name: str, result: dict) -> str:
                          + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")
                          for r in result.get("results") or [])
     if name == "health":
-        counts = result.get("summary") or {}
-        return ", ".join(f"{counts.get(v, 0)} {v}" for v in ("pass", "warn", "fail", "unavailable")) + " items"
+        from .health import headline
+
+        return headline(result)
     if name == "inference":
         load = result.get("load") or {}
         cap = load.get("at_capacity") or {}

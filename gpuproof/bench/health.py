@@ -33,8 +33,9 @@ def extra_args_from_env() -> list[str]:
 class Health(Benchmark):
     name = "health"
     script = "health"
-    description = ("GPU health: XIDs, ECC, retired pages / remapped rows, throttling under load, PCIe and "
-                   "NVLink links, persistence, power limit, host<->GPU and GPU<->GPU copy bandwidth, dcgmi diag")
+    description = ("GPU health: GPU reachable, XIDs, ECC and SRAM ECC, retired pages / remapped rows, throttling "
+                   "under load, PCIe, NVLink links, errors and fabric health, persistence, power limit, host<->GPU "
+                   "and GPU<->GPU copy bandwidth, dcgmi diag")
     defaults = {"load_s": 5.0, "load_size": None, "copy_mib": 256, "copy_iters": 10, "dcgm_level": 1,
                 "no_p2p": False, "threads": None, "thresholds": None, "extra_args": None}
     cpu_defaults = {"load_s": 1.0, "copy_mib": 32, "copy_iters": 5}
@@ -73,16 +74,27 @@ class Health(Benchmark):
         return [r for r in recs if r is not None]
 
 
+def _workload():
+    from ..workloads import import_workload
+
+    return import_workload("health")
+
+
+def headline(result: dict) -> str:
+    """The workload's own summary line: verdict counts and the GPUs NVML listed, by UUID."""
+    return _workload().headline(result)
+
+
 def failed_items(result: dict) -> list[dict]:
     return [it for it in result.get("items") or [] if it.get("verdict") == "fail"]
 
 
 def record_checks(check, result: dict, target: str | None = None) -> None:
-    """Each item as a check record: fail -> failed check (node, threshold as expected, value as actual),
-    warn -> warning, pass -> pass, unavailable -> skip with the reason. ``check`` is a Checker."""
+    """Each item as a check record: fail -> failed check (node, GPU index and UUID, threshold as expected, value
+    as actual), warn -> warning, pass -> pass, unavailable -> skip with the reason. ``check`` is a Checker."""
+    label = _workload().gpu_label
     for it in result.get("items") or []:
-        gpu = f"GPU {it['gpu']}: " if it.get("gpu") is not None else ""
-        what = f"{gpu}{it['name']}: {it.get('reason')}"
+        what = f"{label(it)}{it['name']}: {it.get('reason')}"
         verdict = it["verdict"]
         if verdict == "fail":
             check.true(it["name"], False, it.get("threshold"), it.get("value"), what=what, target=target)
