@@ -180,7 +180,7 @@ def run_device_plugin(sw: NodeSoftware, config: Path, plugin_cfg: Path, work: Pa
            str(sw.exe("dprelay")), "-dir", "/var/lib/kubelet/device-plugins", "-allocate", "2", "-timeout", "60s",
            "--", str(sw.exe("nvidia-device-plugin")), f"--config-file={plugin_cfg}"]
     proc = subprocess.run(cmd, env=_env(sw, config), capture_output=True, text=True, timeout=120)
-    if "unshare failed" in proc.stderr or "mount:" in proc.stderr and not proc.stdout.strip():
+    if not proc.stdout.strip() and ("unshare failed" in proc.stderr or "mount:" in proc.stderr):
         raise ControlPlaneError("running NVIDIA's device plugin needs root (a private mount namespace over "
                                 f"/var/lib): {proc.stderr.strip().splitlines()[-1]}")
     try:
@@ -298,7 +298,8 @@ def observe(sw: NodeSoftware, fleet, progress=lambda m: None) -> dict[tuple[str,
     jobs: dict[tuple[str, tuple], tuple] = {}
     wanted: dict[tuple[str, int], tuple[str, tuple]] = {}
     for pool in fleet.pools:
-        if pool.gpu is None or not (pool.device_plugin or pool.label_scheme in ("gfd", "openshift")):
+        if pool.gpu is None or pool.backend != "kwok" or not (pool.device_plugin or
+                                                              pool.label_scheme in ("gfd", "openshift")):
             continue
         for i in range(pool.count):
             failures = pool.nvml_failures(i)
