@@ -56,6 +56,7 @@ _VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
+MOCK_MAX_GPUS = 8                    # GPUs one instance of NVIDIA's mock NVML shows
 # failure modes NVIDIA's mock NVML injects into one GPU (engine/config_types.go)
 NVML_FAILURES = ("lost", "fallen_off_bus", "ecc_uncorrectable")
 # how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
@@ -560,7 +561,10 @@ def _merge(base: dict, override: dict) -> dict:
 def _parse_gpu(f: _Fields) -> GpuSpec:
     product = f.str("product", required=True)
     known = catalog.lookup(product)
-    count = f.int("count", required=True, minimum=1, maximum=16)
+    count = f.int("count", required=True, minimum=1, maximum=64)
+    if count > MOCK_MAX_GPUS:
+        f.fail("count", f"the embedded cluster's GPUs are NVIDIA's mock NVML, which shows at most {MOCK_MAX_GPUS} "
+                        f"GPUs per node, got {count}")
     memory = f.int("memoryMiB", known.memory_mib if known else None, minimum=1, maximum=10**7)
     family = f.str("family", known.family if known else None)
     compute = f.str("computeCapability", f"{known.compute[0]}.{known.compute[1]}" if known else None,

@@ -137,7 +137,7 @@ BAD = [
     ("pools: [{name: A_B}]", "pools[0].name", "lowercase"),
     ("pools: [{name: a, gpus: {}}]", "pools[0].gpus", "unknown field"),
     ("pools: [{name: a, gpu: {count: 1}}]", "pools[0].gpu.product", "is required"),
-    ("pools: [{name: a, gpu: {product: NVIDIA-L4, count: 0}}]", "pools[0].gpu.count", "between 1 and 16"),
+    ("pools: [{name: a, gpu: {product: NVIDIA-L4, count: 0}}]", "pools[0].gpu.count", "between 1 and 64"),
     ("pools: [{name: a, gpu: {product: Mystery-GPU, count: 1}}]", "pools[0].gpu.memoryMiB", "does not know"),
     ("pools: [{name: a, gpu: {product: NVIDIA-L4, count: 1, driverVersion: latest}}]",
      "pools[0].gpu.driverVersion", "not valid"),
