@@ -48,3 +48,18 @@ if ! .venv/bin/python -m gpuproof.tools build; then
   echo "[setup] no Go: the check tools are not built (their tests skip; GPUPROOF_REQUIRE_TOOLS=1 fails them)"
 fi
 # ---- end of check tools ------------------------------------------------------------------------------
+
+# ---- kubelet nodes (issue #28): containerd, runc, CNI plugins and iptables from Debian ----------------
+# Only fleets with `backend: kubelet` pools use them (root and cgroups needed); kwok pools never do.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+   ! { command -v containerd && command -v runc && command -v iptables && [ -x /usr/lib/cni/bridge ]; } >/dev/null 2>&1; then
+  echo "[setup] installing containerd, runc, CNI plugins and iptables (Debian packages) for kubelet nodes"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    containerd runc containernetworking-plugins iptables >/dev/null
+fi
+if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
+  echo "[setup] kubelet for kubelet nodes (built once from controlplane/kube, then cached)"
+  .venv/bin/python -c 'from gpuproof.sim import kubelet; print(kubelet.kubelet_binary())' >/dev/null
+fi
+# ---- end of kubelet nodes ----------------------------------------------------------------------------

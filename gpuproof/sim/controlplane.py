@@ -217,6 +217,9 @@ class SimCluster:
         state = self.load_state()
         if state is None and not self.dir.exists():
             return False
+        from . import kubelet
+
+        kubelet.stop(self.dir, progress=progress)
         if state is not None:
             for comp in reversed(START_ORDER):
                 pid = state.pids.get(comp)
@@ -272,6 +275,9 @@ class SimCluster:
 
         operator.apply(client, nodes, timeout=timeout, progress=progress)
         publish_dra(client, fleet, str(self.kubeconfig), progress=progress)
+        from . import kubelet    # the fleet's kubelet pools: real nodes that register themselves
+
+        kubelet.load(self.dir, state.base_port, fleet, client, progress=progress, timeout=timeout, private=self.private)
         progress(f"fleet {fleet.name!r}: {len(nodes)} nodes Ready in {time.monotonic() - t0:.1f}s")
 
     # ------------------------------------------------------------------ internals
@@ -317,6 +323,7 @@ class SimCluster:
                         if p not in self._control_plane.disable_admission_plugins),
                     *([f"--disable-admission-plugins={','.join(self._control_plane.disable_admission_plugins)}"]
                       if self._control_plane.disable_admission_plugins else []),
+                    "--kubelet-preferred-address-types=InternalIP,Hostname",   # kubelet nodes' names do not resolve
                     "--allow-privileged=true", "--profiling=false", "--v=1"]
         if comp in ("kube-controller-manager", "kube-scheduler"):
             args = [exe, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",

@@ -1,0 +1,609 @@
+"""Real kubelet nodes for the embedded cluster (fleet pools with ``backend: kubelet``).
+
+Each node is a real kubelet (built from ``controlplane/kube``) with its own containerd (Debian's
+``containerd``, ``runc`` and ``containernetworking-plugins``), both in the node's own network
+namespace and mount namespace:
+
+- network: a host bridge per cluster (``gpk<id>``, 10.250.<c>.1/24) and one veth per node (the node's
+  ``eth0``, 10.250.<c>.<10+i>: a non-loopback node IP). The node reaches the API server at the
+  bridge address, which the host DNATs to the API server's 127.0.0.1 port (``route_localnet`` on the
+  bridge only). Pods get 10.251.<i>.0/24 from the CNI bridge plugin inside the node's namespace, and
+  nodes route each other's pod ranges over the bridge, so the host routes nothing;
+- files: the node's folder is bound over ``/var/lib`` and ``/run`` in its mount namespace, so the
+  kubelet, containerd, CNI and device plugins use their default paths (``/var/lib/kubelet/device-plugins``
+  is the node's own) and every mount they make dies with the namespace;
+- cgroups: everything of node ``n`` runs under ``/gpuproof-<id>/<n>`` (v1 hierarchies, cgroupfs
+  driver): the kubelet's ``cgroupRoot`` and the daemons' own group, so stopping a node kills
+  exactly the processes in it.
+
+Images come from :mod:`gpuproof.sim.images` and are imported into each node's containerd.
+Everything the nodes create on the host is named after the cluster id and recorded in
+``<state>/kubelet/state.json``; :func:`stop` removes it (processes, cgroups, iptables rules,
+veths, namespaces, the bridge), and for a private cluster a reaper process does the same when the
+owner dies, SIGKILL included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from ..errors import ControlPlaneError
+from . import binaries as _binaries
+
+Progress = Callable[[str], None]
+KUBELET = ("kube", "k8s.io/kubernetes/cmd/kubelet")
+CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "iptables", "nsenter", "unshare")
+CGROUP = Path("/sys/fs/cgroup")
+CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd", "unified")
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------- what a kubelet node needs
+
+
+def missing() -> str:
+    """Why kubelet nodes cannot run on this machine ('' when they can): one line."""
+    lacks = []
+    if os.geteuid() != 0:
+        lacks.append("root (network and mount namespaces, cgroups, iptables)")
+    if not (CGROUP / "memory" / "cgroup.procs").exists():
+        lacks.append("cgroup v1 hierarchies under /sys/fs/cgroup (cgroup v2 is not supported yet)")
+    tools = [t for t in TOOLS if not shutil.which(t)]
+    if not _cni_dir():
+        tools.append("CNI plugins (bridge, host-local, loopback, portmap)")
+    if tools:
+        lacks.append(", ".join(tools) + " (Debian: apt-get install containerd runc containernetworking-plugins "
+                                        "iptables)")
+    return "kubelet nodes need " + "; ".join(lacks) if lacks else ""
+
+
+def _cni_dir() -> str:
+    return next((d for d in CNI_DIRS if all(Path(d, p).exists() for p in ("bridge", "host-local", "loopback"))), "")
+
+
+def kubelet_binary(progress: Progress = _quiet) -> Path:
+    """The kubelet: ``$GPUPROOF_KUBELET``, ``$GPUPROOF_BIN_DIR``, the build cache (built there on first use)."""
+    env = os.environ.get(_binaries.env_var("kubelet"))
+    if env:
+        return Path(env)
+    bin_dir = os.environ.get("GPUPROOF_BIN_DIR")
+    if bin_dir and (Path(bin_dir) / "kubelet").is_file():
+        return Path(bin_dir) / "kubelet"
+    module, package = KUBELET
+    return _binaries.go_build(module, {"kubelet": package}, ldflags=_binaries.LDFLAGS[module],
+                              progress=progress) / "kubelet"
+
+
+# ---------------------------------------------------------------------------- layout
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    index: int
+    labels: dict[str, str]
+    taints: list[str]
+    max_pods: int
+
+    def ip(self, c: int) -> str:
+        return f"10.250.{c}.{10 + self.index}"
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"10.251.{self.index}.0/24"
+
+
+@dataclasses.dataclass
+class State:
+    """What the nodes made on the host: all of it is removed by :func:`stop`."""
+
+    cluster: str                                       # the id in every host name (bridge, netns, cgroup)
+    subnet: int                                        # the c of 10.250.<c>.0/24
+    api_port: int
+    nodes: list[str] = dataclasses.field(default_factory=list)
+    pids: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def bridge(self) -> str:
+        return f"gpk{self.cluster}"
+
+    @property
+    def gateway(self) -> str:
+        return f"10.250.{self.subnet}.1"
+
+    @property
+    def cgroup(self) -> str:
+        return f"gpuproof-{self.cluster}"
+
+    @property
+    def comment(self) -> str:
+        return f"gpuproof-{self.cluster}"
+
+    def netns(self, i: int) -> str:
+        return f"gpk{self.cluster}-{i}"
+
+    def veth(self, i: int) -> str:
+        return f"gpk{self.cluster}h{i}"
+
+    def dnat_rule(self) -> list[str]:
+        return ["PREROUTING", "-i", self.bridge, "-d", self.gateway, "-p", "tcp", "--dport", str(self.api_port),
+                "-j", "DNAT", "--to-destination", f"127.0.0.1:{self.api_port}", "-m", "comment",
+                "--comment", self.comment]
+
+
+def state_dir(sim_dir: Path) -> Path:
+    return Path(sim_dir) / "kubelet"
+
+
+def _load(sim_dir: Path) -> State | None:
+    try:
+        return State(**json.loads((state_dir(sim_dir) / "state.json").read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _save(sim_dir: Path, state: State) -> None:
+    path = state_dir(sim_dir) / "state.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(state), indent=2))
+    tmp.replace(path)
+
+
+def _sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise ControlPlaneError(f"kubelet nodes: `{' '.join(cmd)}` exited {proc.returncode}: "
+                                f"{(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+# ---------------------------------------------------------------------------- config files
+
+
+def containerd_config(cni_conf_dir: Path, pause: str) -> str:
+    return f"""version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+                    "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "/var/lib/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{_cni_dir()}"
+    conf_dir = "{cni_conf_dir}"
+"""
+
+
+def cni_config(node: Node) -> dict:
+    return {"cniVersion": "0.4.0", "name": "gpuproof", "plugins": [
+        {"type": "bridge", "bridge": "cni0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"type": "portmap", "capabilities": {"portMappings": True}}]}
+
+
+def kubelet_config(node: Node, state: State, ca: Path) -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{state.cgroup}/{node.name}", "failSwapOn": False,
+        "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
+        "address": node.ip(state.subnet), "port": 10250, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+        # the API server reaches a node's kubelet (logs, exec) without a client certificate of its own
+        "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False},
+                           "x509": {"clientCAFile": str(ca)}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "podCIDR": node.pod_cidr, "maxPods": node.max_pods, "resolvConf": "",
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                         "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False, "registerNode": True,
+    }
+
+
+def node_kubeconfig(sim_dir: Path, node: Node, state: State, out: Path) -> Path:
+    """A kubeconfig for ``system:node:<name>`` (group ``system:nodes``), signed by the cluster's CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    from .pki import _key, _name, _sign, _write_cert, _write_key
+
+    pki = Path(sim_dir) / "pki"
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
+    key = _key()
+    cert = _sign(_name(f"system:node:{node.name}", "system:nodes"), key.public_key(), ca.subject, ca_key, ca=False,
+                 usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
+    _write_key(out / "node.key", key)
+    _write_cert(out / "node.crt", cert)
+    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "node",
+           "clusters": [{"name": "sim", "cluster": {"server": f"https://{state.gateway}:{state.api_port}",
+                                                    "certificate-authority": str(pki / "ca.crt"),
+                                                    "tls-server-name": "127.0.0.1"}}],
+           "users": [{"name": "node", "user": {"client-certificate": str(out / "node.crt"),
+                                               "client-key": str(out / "node.key")}}],
+           "contexts": [{"name": "node", "context": {"cluster": "sim", "user": "node"}}]}
+    path = out / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+# ---------------------------------------------------------------------------- host plumbing
+
+
+def _cgroup_dirs(state: State, sub: str = "") -> list[Path]:
+    return [CGROUP / h / state.cgroup / sub for h in CGROUP_V1 if (CGROUP / h).is_dir()]
+
+
+def _make_cgroup(state: State, sub: str) -> None:
+    for h in CGROUP_V1:
+        if not (CGROUP / h).is_dir():
+            continue
+        path = CGROUP / h
+        for part in [state.cgroup, *Path(sub).parts]:
+            parent, path = path, path / part
+            path.mkdir(exist_ok=True)
+            if h == "cpuset":                      # an empty cpuset takes no tasks: inherit the parent's
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (path / f).read_text().strip():
+                        (path / f).write_text((parent / f).read_text())
+
+
+def _join_cgroup(state: State, sub: str) -> Callable[[], None]:
+    """A preexec function that moves the child into the node's group in every hierarchy."""
+    procs = [d / "cgroup.procs" for d in _cgroup_dirs(state, sub)]
+
+    def join() -> None:
+        for p in procs:
+            p.write_text("0")
+    return join
+
+
+def _cgroup_pids(state: State) -> set[int]:
+    pids: set[int] = set()
+    for d in _cgroup_dirs(state):
+        if d.is_dir():
+            for f in d.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(x) for x in f.read_text().split())
+    return pids
+
+
+def _network_up(state: State, nodes: list[Node]) -> None:
+    br, gw = state.bridge, state.gateway
+    _sh("ip", "link", "add", br, "type", "bridge")
+    _sh("ip", "addr", "add", f"{gw}/24", "dev", br)
+    _sh("ip", "link", "set", br, "up")
+    Path(f"/proc/sys/net/ipv4/conf/{br}/route_localnet").write_text("1")
+    _sh("iptables", "-t", "nat", "-A", *state.dnat_rule())
+    for n in nodes:
+        ns, host_end, node_end = state.netns(n.index), state.veth(n.index), f"gpk{state.cluster}n{n.index}"
+        _sh("ip", "netns", "add", ns)
+        _sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", node_end)
+        _sh("ip", "link", "set", host_end, "master", br, "up")
+        _sh("ip", "link", "set", node_end, "netns", ns)
+        inside = ("ip", "netns", "exec", ns)
+        _sh(*inside, "ip", "link", "set", node_end, "name", "eth0")
+        _sh(*inside, "ip", "addr", "add", f"{n.ip(state.subnet)}/24", "dev", "eth0")
+        _sh(*inside, "ip", "link", "set", "eth0", "up")
+        _sh(*inside, "ip", "link", "set", "lo", "up")
+        _sh(*inside, "ip", "route", "add", "default", "via", gw)
+        _sh(*inside, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        for other in nodes:
+            if other is not n:
+                _sh(*inside, "ip", "route", "add", other.pod_cidr, "via", other.ip(state.subnet))
+        # pods reach the API server (and the host) as their node: the host routes no pod range
+        _sh(*inside, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.pod_cidr, "-d", f"{gw}/32",
+            "-j", "MASQUERADE")
+
+
+# ---------------------------------------------------------------------------- start / stop
+
+
+def _pick_subnet(cluster: str) -> int:
+    """A 10.250.<c>.0/24 no interface of this host has an address in."""
+    start = int(cluster, 16)
+    for k in range(200):
+        c = 20 + (start + k) % 200
+        if not _sh("ip", "-4", "addr", "show", "to", f"10.250.{c}.0/24", check=False).stdout.strip():
+            return c
+    raise ControlPlaneError("kubelet nodes: no free 10.250.<c>.0/24 subnet for the node bridge")
+
+
+def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, dict[str, str]] | None = None,
+          progress: Progress = _quiet, timeout: float = 180.0, private: bool = False,
+          extra_images: list[tuple[Path, str]] | None = None) -> State:
+    """Start a kubelet node for each of ``nodes``; returns when their containerds answer (not yet Ready).
+
+    ``gpu_files``: node name -> {path under the node's /var/lib: content} (its mock NVML config ...).
+    """
+    why = missing()
+    if why:
+        raise ControlPlaneError(why)
+    sim_dir = Path(sim_dir)
+    stop(sim_dir)
+    kubelet = kubelet_binary(progress)
+    from . import images
+
+    tars = [images.pause_image(), *(extra_images or [])]
+    cluster = hashlib.sha256(str(sim_dir.resolve()).encode()).hexdigest()[:4]
+    state = State(cluster=cluster, subnet=_pick_subnet(cluster), api_port=api_port, nodes=[n.name for n in nodes])
+    _save(sim_dir, state)
+    if private:
+        _spawn_reaper(sim_dir)
+    try:
+        progress(f"kubelet nodes: network for {len(nodes)} node(s) on bridge {state.bridge} ({state.gateway}/24)")
+        _network_up(state, nodes)
+        for n in nodes:
+            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), tars, timeout)
+            _save(sim_dir, state)
+            progress(f"kubelet node {n.name}: containerd and kubelet started ({n.ip(state.subnet)})")
+    except BaseException:
+        stop(sim_dir)
+        raise
+    return state
+
+
+def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str],
+                tars: list[tuple[Path, str]], timeout: float) -> None:
+    from . import images
+
+    root = state_dir(sim_dir) / n.name
+    var_lib, run, etc = root / "var-lib", root / "run", root / "etc"
+    for d in (var_lib / "kubelet", run, etc / "cni", root / "logs"):
+        d.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        (var_lib / rel).parent.mkdir(parents=True, exist_ok=True)
+        (var_lib / rel).write_text(content)
+    (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(cni_config(n)))
+    (etc / "containerd.toml").write_text(containerd_config(etc / "cni", images.PAUSE))
+    (etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(n, state, Path(sim_dir) / "pki" / "ca.crt")))
+    kubeconfig = node_kubeconfig(sim_dir, n, state, etc)
+    _make_cgroup(state, f"{n.name}/daemons")
+    join = _join_cgroup(state, f"{n.name}/daemons")
+    netns = f"--net=/run/netns/{state.netns(n.index)}"
+    script = 'mount --bind "$1" /var/lib && mount --bind "$2" /run && shift 2 && exec "$@"'
+    sock = run / "containerd" / "containerd.sock"
+    containerd = _spawn(root / "logs" / "containerd.log", join,
+                        "nsenter", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                        "sh", str(var_lib), str(run), "containerd", "--config", str(etc / "containerd.toml"))
+    state.pids[f"{n.name}/containerd"] = containerd.pid
+    # inside the node's mount namespace: the host path of the socket may pass the 108-byte limit of a unix address
+    ctr = ("nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", "ctr", "--address", "/run/containerd/containerd.sock")
+    _wait_for(lambda: sock.exists() and _sh(*ctr, "version", check=False).returncode == 0,
+              timeout, f"containerd of kubelet node {n.name}", root / "logs" / "containerd.log", containerd)
+    for tar, _ in tars:
+        _sh(*ctr, "-n", "k8s.io", "images", "import", str(tar))
+    args = [str(kubelet), f"--config={etc / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={n.name}", f"--node-ip={n.ip(state.subnet)}", "--v=1"]
+    if n.labels:
+        args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(n.labels.items())))
+    if n.taints:
+        args.append("--register-with-taints=" + ",".join(n.taints))
+    proc = _spawn(root / "logs" / "kubelet.log", join, "nsenter", netns, f"--mount=/proc/{containerd.pid}/ns/mnt",
+                  *args)
+    state.pids[f"{n.name}/kubelet"] = proc.pid
+
+
+def _spawn(log: Path, preexec: Callable[[], None], *cmd: str) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=preexec)
+
+
+def _wait_for(ready: Callable[[], bool], timeout: float, what: str, log: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not ready():
+        if proc.poll() is not None:
+            raise ControlPlaneError(f"{what} exited ({proc.returncode}) while starting; last lines of {log}:\n"
+                                    + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"timed out after {timeout:.0f}s waiting for {what}; see {log}")
+        time.sleep(delay)          # a daemon's socket has no watch: poll with a growing interval
+        delay = min(delay * 1.5, 0.5)
+
+
+def stop(sim_dir: Path, progress: Progress = _quiet) -> bool:
+    """Remove everything the kubelet nodes of this cluster made on the host. False if there were none."""
+    state = _load(Path(sim_dir))
+    if state is None:
+        return False
+    progress(f"stopping {len(state.nodes)} kubelet node(s)")
+    _kill_all(state)
+    _sh("iptables", "-t", "nat", "-D", *state.dnat_rule(), check=False)
+    for i in range(len(state.nodes)):
+        _sh("ip", "netns", "del", state.netns(i), check=False)
+        _sh("ip", "link", "del", state.veth(i), check=False)
+    _sh("ip", "link", "del", state.bridge, check=False)
+    for d in _cgroup_dirs(state):
+        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [d]:
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+    shutil.rmtree(state_dir(Path(sim_dir)), ignore_errors=True)
+    return True
+
+
+def _kill_all(state: State, timeout: float = 30.0) -> None:
+    """SIGKILL every process in the nodes' cgroups (daemons, shims, containers) until none is left."""
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        pids = _cgroup_pids(state) | {p for p in state.pids.values() if Path(f"/proc/{p}").exists()}
+        pids.discard(os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"kubelet nodes: processes {sorted(pids)} would not die")
+        time.sleep(delay)          # waiting for the kernel to finish killing: poll the cgroups
+        delay = min(delay * 2, 0.2)
+
+
+# ---------------------------------------------------------------------------- a fleet's kubelet pools
+
+NVIDIA_NODE_LABEL = "gpuproof.dev/nvidia-node"          # where the NVIDIA DaemonSets run (gpuproof's own label)
+PLUGIN_NAMESPACE = "nvidia-device-plugin"
+NODE_FILES = "gpuproof"                                  # under the node's /var/lib: its mock NVML and plugin config
+
+
+def fleet_nodes(fleet) -> list[tuple[Node, object]]:
+    """(node, pool) for every node of the fleet's kubelet pools, numbered across them."""
+    from ..fleet import POOL_LABEL
+
+    out = []
+    for pool in (p for p in fleet.pools if p.backend == "kubelet"):
+        labels = {POOL_LABEL: pool.instance_type or pool.name, **pool.labels}
+        if pool.gpu is not None:
+            labels[NVIDIA_NODE_LABEL] = "true"
+        for name in pool.node_names():
+            out.append((Node(name, len(out), labels, [str(t) for t in pool.taints], pool.pods), pool))
+    return out
+
+
+def node_files(sw, fleet, node: Node, pool) -> dict[str, str]:
+    """What NVIDIA's software on a GPU node reads: the node's mock NVML config and the pool's plugin config."""
+    from .gpunodes import mock_config, plugin_config
+
+    return {f"{NODE_FILES}/mock-nvml.yaml": yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}"),
+                                                           sort_keys=False),
+            f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False)}
+
+
+def device_plugin_daemonset(image: str) -> dict:
+    """NVIDIA's device plugin as its chart runs it, over the node's mock NVML and the pool's config file."""
+    labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    host = {"hostPath": {"path": f"/var/lib/{NODE_FILES}", "type": "Directory"}}
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": PLUGIN_NAMESPACE, "labels": labels},
+        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+            "nodeSelector": {NVIDIA_NODE_LABEL: "true"}, "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{
+                "name": "nvidia-device-plugin-ctr", "image": image, "imagePullPolicy": "Never",
+                "command": ["/usr/bin/nvidia-device-plugin", "--config-file=/etc/gpuproof/device-plugin-config.yaml"],
+                "env": [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"}],
+                "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
+                                 {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]}],
+            "volumes": [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
+                        {"name": "node-files", **host}]}}},
+    }
+
+
+def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quiet, timeout: float = 180.0,
+         private: bool = False) -> None:
+    """Replace the previous fleet's kubelet nodes with this fleet's, and run NVIDIA's device plugin on them.
+
+    Without what kubelet nodes need (root, cgroups, containerd ...), the kubelet pools are left out in one
+    line and the kwok pools work as before.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    previous = _load(Path(sim_dir))
+    stop(sim_dir, progress=progress)
+    for name in previous.nodes if previous else []:
+        with contextlib.suppress(ApiException):
+            client.core.delete_node(name)
+    wanted = fleet_nodes(fleet)
+    if not wanted:
+        return
+    why = missing()
+    if why:
+        progress(f"kubelet pools {', '.join(sorted({p.name for _, p in wanted}))} left out: {why}")
+        return
+    t0 = time.monotonic()
+    gpu = [(n, p) for n, p in wanted if p.gpu is not None]
+    files, image = {}, ""
+    if gpu:
+        from . import images, nvidia
+
+        sw = nvidia.locate(progress=progress)
+        files = {n.name: node_files(sw, fleet, n, p) for n, p in gpu}
+        image = images.nvidia_image(sw)
+    start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout, private=private,
+          extra_images=[image] if image else [])
+    client.wait_nodes_ready([n.name for n, _ in wanted], timeout=timeout)
+    if gpu:
+        with contextlib.suppress(ApiException):          # 409: there from an earlier fleet
+            client.core.create_namespace({"metadata": {"name": PLUGIN_NAMESPACE}})
+        with contextlib.suppress(ApiException):
+            client.apps.delete_namespaced_daemon_set("nvidia-device-plugin-daemonset", PLUGIN_NAMESPACE)
+        client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, device_plugin_daemonset(image[1]))
+        _wait_advertised(client, {n.name for n, _ in gpu}, timeout)
+    progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"
+             + (f"; NVIDIA's device plugin advertises GPUs on {len(gpu)}" if gpu else ""))
+
+
+def _wait_advertised(client, names: set[str], timeout: float) -> None:
+    from ..cluster import watch_until
+
+    def advertised(cache: dict) -> bool:
+        return all(any(k.startswith("nvidia.com/") and v not in ("0", 0)
+                       for k, v in ((cache[n].status.allocatable or {}) if n in cache else {}).items())
+                   for n in names)
+
+    watch_until(client.core.list_node, advertised, timeout,
+                f"NVIDIA's device plugin to advertise GPUs on {len(names)} kubelet node(s)")
+
+
+# ---------------------------------------------------------------------------- the reaper
+
+
+_REAPER_PIPES: list[int] = []
+
+
+def _spawn_reaper(sim_dir: Path) -> None:
+    """A process that waits for this one to end (the pipe's write end closes, even on SIGKILL), then stops
+    the nodes. When :func:`stop` ran first, it finds nothing and exits."""
+    r, w = os.pipe()
+    subprocess.Popen([sys.executable, "-m", __name__, "reap", str(sim_dir)], stdin=r, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    os.close(r)
+    _REAPER_PIPES.append(w)
+
+
+def _reap(sim_dir: str) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.read(0, 1)                               # returns when the owner is gone
+    stop(Path(sim_dir))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["reap"]:
+    _reap(sys.argv[2])
