@@ -11,7 +11,9 @@ deletes exactly those; ``gpuproof clean`` deletes those of earlier runs. Nothing
 else in the cluster is ever modified.
 
 Waits use watches with a deadline; a timeout raises :class:`WaitTimeout` naming what
-was awaited and the last state seen.
+was awaited and the last state seen. A wait on the run's pods also ends, with the same error,
+as soon as one of them has been bound to a node for ``KUBELET_SILENCE`` seconds without a word
+from that node's kubelet: such a pod never starts, and saying so beats waiting out the deadline.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
 OWNER = "gpuproof"
 NAMESPACE_PREFIX = "gpuproof-"
+KUBELET_SILENCE = 60.0      # seconds a pod may sit bound to a node with no status from its kubelet
 
 
 def run_labels(run_id: str) -> dict[str, str]:
@@ -243,9 +246,19 @@ class Run:
 
     def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
                   describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:
-        """Watch the run's pods until done(cache) returns something truthy; returns it."""
-        return watch_until(self.cluster.core.list_namespaced_pod, done, timeout, what, describe=describe or
-                           _describe_pods, namespace=self.namespace, label_selector=label_selector)
+        """Watch the run's pods until done(cache) returns something truthy; returns it. A pod whose node's
+        kubelet stays silent (:data:`KUBELET_SILENCE`) ends the wait early with :class:`WaitTimeout`."""
+        bound_since: dict[str, float] = {}
+
+        def done_or_silent(cache: dict) -> Any:
+            result = done(cache)
+            if not result:
+                _raise_if_kubelet_silent(cache, bound_since, self.namespace, what)
+            return result
+
+        return watch_until(self.cluster.core.list_namespaced_pod, done_or_silent, timeout, what,
+                           describe=describe or _describe_pods, tick=KUBELET_SILENCE / 4, namespace=self.namespace,
+                           label_selector=label_selector)
 
     def wait_pod(self, name: str, condition: Callable[[k8s.V1Pod], bool], timeout: float, what: str) -> k8s.V1Pod:
         return self.wait_pods(lambda c: c[name] if name in c and condition(c[name]) else None, timeout,
@@ -297,11 +310,12 @@ CLUSTER_SCOPED = {"Namespace", "PriorityClass", "Node", "ClusterRole", "ClusterR
 
 
 def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, what: str,
-                describe: Callable[[dict], str] | None = None, **list_kwargs) -> Any:
+                describe: Callable[[dict], str] | None = None, tick: float | None = None, **list_kwargs) -> Any:
     """List, then watch, keeping a name -> object cache, until done(cache) is truthy.
 
     ``list_fn`` returns model objects (CoreV1Api) or API JSON (CustomObjectsApi: the cache then holds dicts).
-    Returns done's value. Raises WaitTimeout naming ``what`` and the last state.
+    Returns done's value. Raises WaitTimeout naming ``what`` and the last state. ``tick``: ask done() again
+    at least this often, events or not (for conditions that time itself makes true).
     """
     deadline = time.monotonic() + timeout
     cache: dict[str, Any] = {}
@@ -328,7 +342,8 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
             raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state})")
         w = watch.Watch()
         try:
-            for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(remaining + 0.999)),
+            window = min(remaining, tick) if tick else remaining
+            for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(window + 0.999)),
                                _request_timeout=remaining + 10, allow_watch_bookmarks=True, **list_kwargs):
                 obj = ev["object"]
                 if ev["type"] == "ERROR":
@@ -377,6 +392,24 @@ def _node_ready(node) -> bool:
         if cond.type == "Ready":
             return cond.status == "True"
     return False
+
+
+def _raise_if_kubelet_silent(cache: dict, bound_since: dict[str, float], namespace: str, what: str) -> None:
+    """WaitTimeout when a pod has been bound to a node for KUBELET_SILENCE s with no status from its kubelet
+    (no container status, no condition but PodScheduled): its kubelet is gone, or it was never there."""
+    now = time.monotonic()
+    for name, pod in cache.items():
+        status = pod.status
+        heard = status.phase != "Pending" or status.container_statuses or any(
+            c.type != "PodScheduled" for c in status.conditions or [])
+        if not pod.spec.node_name or heard:
+            bound_since.pop(name, None)
+            continue
+        since = bound_since.setdefault(name, now)
+        if now - since >= KUBELET_SILENCE:
+            raise WaitTimeout(f"pod {namespace}/{name} is bound to node {pod.spec.node_name}, whose kubelet has not "
+                              f"taken it up in {now - since:.0f}s (no status from the kubelet: is it running?); "
+                              f"gave up waiting for {what}")
 
 
 def _describe_pod(pod) -> str:

@@ -37,6 +37,7 @@ MADE_BY = {"labels": LABELS_BY, "resources": RESOURCES_BY, "slices": SLICES_BY}
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED = ("fake", "unmanaged")       # kwok nodes; "unmanaged": kwok leaves them alone (a dead kubelet)
+BYTES_FROM = 2**30                       # a gpu.memory label this large is bytes: no GPU has 1 PiB
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 
 GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
@@ -114,10 +115,10 @@ class GpuNode:
             return "gke"
         if KARPENTER_GPU_NAME in self.labels:
             return "karpenter"
+        if self.dra_devices:        # what the driver read from the GPUs beats what the instance type should hold
+            return "dra"
         if catalog.instance_type(self.labels.get(INSTANCE_TYPE)):
             return "instance-type"
-        if self.dra_devices:
-            return "dra"
         return "resources"
 
     # ---- how GPUs reach pods
@@ -218,6 +219,7 @@ class GpuNode:
 
     @property
     def replicas(self) -> int:
+        """GFD's ``gpu.replicas`` (written since GFD v0.6; 1 before time-slicing existed), GKE's max clients."""
         if self.gfd:
             return _int(self.labels.get("nvidia.com/gpu.replicas")) or 1
         if self.labels.get(GKE_SHARING):
@@ -226,8 +228,11 @@ class GpuNode:
 
     @property
     def sharing_strategy(self) -> str:
+        """GFD's ``gpu.sharing-strategy``; GFD releases before it (before MPS) shared only by time-slicing, so
+        replicas above 1 without the label mean time-slicing."""
         if self.gfd:
-            return self.labels.get("nvidia.com/gpu.sharing-strategy", "none")
+            return self.labels.get("nvidia.com/gpu.sharing-strategy") or \
+                ("time-slicing" if self.replicas > 1 else "none")
         gke = self.labels.get(GKE_SHARING)
         return {"time-sharing": "time-slicing", "mps": "mps"}.get(gke or "", gke or "none")
 
@@ -238,13 +243,13 @@ class GpuNode:
         GFD writes ``mig.strategy`` only when the device plugin's strategy is single or mixed, and under
         either, GPUs with MIG mode off are advertised whole under their plain product name (the GPU
         operator's everyday default). So: ``mixed`` when the node has per-profile MIG labels or advertises
-        ``nvidia.com/mig-*`` resources (whatever the label says, or without one), ``single`` when its
-        product names a MIG profile, else ``none``.
+        ``nvidia.com/mig-*`` resources above 0 (whatever the labels say, or without any: the node's own
+        resources are the evidence), ``single`` when its product names a MIG profile (GFD) or GKE labels a
+        partition size, else ``none``.
         """
+        if self.mig_resources or (self.gfd and any((c or 0) > 0 for c in self.mig_count_labels.values())):
+            return "mixed"
         if self.gfd:
-            if any(k.startswith("nvidia.com/mig-") and k.endswith(".count") and (_int(v) or 0) > 0
-                   for k, v in self.labels.items()) or self.mig_resources:
-                return "mixed"
             return "single" if "-MIG-" in (self.product or "") else "none"
         return "single" if self.labels.get(GKE_PARTITION) else "none"
 
@@ -259,20 +264,35 @@ class GpuNode:
         return self.labels.get(GKE_PARTITION)
 
     @property
+    def memory_in_bytes(self) -> bool:
+        """``nvidia.com/gpu.memory`` holds bytes, not MiB (GFD v0.6 wrote NVML's byte count; later releases MiB)."""
+        value = _int(self.labels.get("nvidia.com/gpu.memory"))
+        return value is not None and value >= BYTES_FROM
+
+    @property
     def memory_mib(self) -> int | None:
-        """``nvidia.com/gpu.memory`` (a label pods can select on; GFD only)."""
-        return _int(self.labels.get("nvidia.com/gpu.memory"))
+        """``nvidia.com/gpu.memory`` in MiB (a label pods can select on; GFD only), whichever unit GFD wrote."""
+        value = _int(self.labels.get("nvidia.com/gpu.memory"))
+        return value // 2**20 if self.memory_in_bytes else value
 
     @property
     def driver_version(self) -> str:
-        return self.labels.get("nvidia.com/cuda.driver-version.full") or ".".join(
-            v for v in (self.labels.get(f"nvidia.com/cuda.driver-version.{p}") for p in
-                        ("major", "minor", "revision")) if v)
+        return self._version("nvidia.com/cuda.driver-version", ("major", "minor", "revision"),
+                             "nvidia.com/cuda.driver", ("major", "minor", "rev"))
 
     @property
     def cuda_version(self) -> str:
-        return self.labels.get("nvidia.com/cuda.runtime-version.full") or ".".join(
-            v for v in (self.labels.get(f"nvidia.com/cuda.runtime-version.{p}") for p in ("major", "minor")) if v)
+        return self._version("nvidia.com/cuda.runtime-version", ("major", "minor"),
+                             "nvidia.com/cuda.runtime", ("major", "minor"))
+
+    def _version(self, prefix: str, parts: tuple[str, ...], old_prefix: str, old_parts: tuple[str, ...]) -> str:
+        """A version from GFD's ``<prefix>.full`` or its parts, or from the parts older GFD releases wrote."""
+        lab = self.labels
+        for pre, names in ((prefix, parts), (old_prefix, old_parts)):
+            full = lab.get(f"{pre}.full") or ".".join(v for v in (lab.get(f"{pre}.{p}") for p in names) if v)
+            if full:
+                return full
+        return ""
 
     @property
     def time_sliced(self) -> bool:
@@ -288,7 +308,7 @@ class GpuNode:
             return {GKE_ACCELERATOR: lab[GKE_ACCELERATOR]}
         if scheme == "karpenter":
             return {k: lab[k] for k in (KARPENTER_GPU_NAME, KARPENTER_GPU_MEMORY) if k in lab}
-        if scheme == "instance-type":
+        if scheme in ("instance-type", "dra") and self.instance is not None:
             return {INSTANCE_TYPE: lab[INSTANCE_TYPE]}
         return {}
 
@@ -313,23 +333,27 @@ class GpuNode:
     def capacity_of(self, resource: str) -> int | None:
         return _int(self.capacity.get(resource))
 
+    def advertised(self, resource: str) -> int | None:
+        """Capacity of a resource the node advertises; None where absent or left over at 0 (after a MIG or
+        sharing change the kubelet keeps the old extended resources at 0: they are not advertised)."""
+        value = self.capacity_of(resource)
+        return value if value else None
+
     @property
     def gpu_resource(self) -> str:
         """The resource a one-GPU pod asks for on this node."""
-        if (self.capacity_of(GPU_SHARED) or 0) > 0:
-            return GPU_SHARED
-        return GPU
+        return GPU_SHARED if self.shared_renamed else GPU
+
+    @property
+    def shared_renamed(self) -> bool:
+        """Shared GPUs are advertised as ``nvidia.com/gpu.shared`` (the device plugin's renameByDefault)."""
+        return self.advertised(GPU_SHARED) is not None
 
     @property
     def mig_resources(self) -> dict[str, int]:
         """MIG profile -> advertised capacity (mixed strategy resources)."""
-        out = {}
-        for res, val in self.capacity.items():
-            m = MIG_RESOURCE.match(res)
-            if m:
-                if (_int(val) or 0) > 0:          # a leftover resource at 0 is not advertised
-                    out[m.group(1)] = _int(val)
-        return out
+        return {m.group(1): self.advertised(res) for res in self.capacity
+                if (m := MIG_RESOURCE.match(res)) and self.advertised(res)}
 
     @property
     def mig_count_labels(self) -> dict[str, int | None]:
@@ -370,10 +394,11 @@ class Discovery:
     gpu_nodes: list[GpuNode]
     other_nodes: list[str]
     pool_label: str | None
-    # DRA: every gpu.nvidia.com device published (None: the cluster does not serve resource.k8s.io/v1,
-    # or we may not list ResourceSlices), and the DeviceClasses
+    # DRA: every gpu.nvidia.com device the scheduler sees (each pool's newest generation; None: the cluster
+    # does not serve resource.k8s.io/v1, or we may not list ResourceSlices), the pools, and the DeviceClasses
     dra_devices: list | None = None
     device_classes: list[dict] | None = None
+    dra_pools: list | None = None
 
     @property
     def pools(self) -> dict[str, list[GpuNode]]:
@@ -400,6 +425,11 @@ class Discovery:
     def simulated(self) -> bool:
         """True when every GPU node is a kwok node (no real GPU anywhere)."""
         return bool(self.gpu_nodes) and all(n.simulated for n in self.gpu_nodes)
+
+    @property
+    def real_nodes(self) -> list[GpuNode]:
+        """GPU nodes that are not kwok's: real GPUs execute there (real and simulated is per node)."""
+        return [n for n in self.gpu_nodes if not n.simulated]
 
     def node(self, name: str) -> GpuNode:
         return next(n for n in self.gpu_nodes if n.name == name)
@@ -447,6 +477,7 @@ def discover(nodes: Iterable, pool_label: str | None = None, slices: list[dict] 
 
     raw = [_as_dict(n) for n in nodes]
     devices = dra.devices_of(slices) if slices is not None else None
+    pools = dra.pools_of(slices) if slices is not None else None
     per_node = dra.by_node(devices or [])
     gpu, other = [], []
     used: dict[str, int] = {}
@@ -482,4 +513,4 @@ def discover(nodes: Iterable, pool_label: str | None = None, slices: list[dict] 
     gpu.sort(key=lambda n: n.name)
     chosen_label = pool_label or (max(used, key=used.get) if used else None)
     return Discovery(gpu_nodes=gpu, other_nodes=sorted(other), pool_label=chosen_label, dra_devices=devices,
-                     device_classes=device_classes)
+                     device_classes=device_classes, dra_pools=pools)

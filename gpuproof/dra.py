@@ -80,6 +80,7 @@ class Device:
     name: str
     attributes: dict[str, Any]     # the driver's own domain unqualified ('productName'), others qualified
     capacity: dict[str, str]       # name -> quantity as written
+    generation: int = 0            # of its pool, as its slice says
 
     @property
     def type(self) -> str:
@@ -114,10 +115,33 @@ def _value(attr: dict) -> Any:
     return None
 
 
-def devices_of(slices: Iterable[dict], driver: str | None = DRIVER) -> list[Device]:
-    """Devices of the ResourceSlices (of one driver, or all with driver=None), in slice order."""
-    out = []
+def _generation(s: dict) -> int:
+    return int(((s.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+def _pool_key(s: dict) -> tuple[str, str]:
+    spec = s.get("spec") or {}
+    return spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+
+
+def current(slices: Iterable[dict]) -> list[dict]:
+    """The slices the scheduler uses: of each pool (driver, pool name), only those of its newest generation.
+
+    A driver that restarts publishes its pool again under a higher generation; until the old slices
+    are deleted they stay beside the new ones, and the scheduler ignores them.
+    """
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
     for s in slices:
+        newest[_pool_key(s)] = max(newest.get(_pool_key(s), 0), _generation(s))
+    return [s for s in slices if _generation(s) == newest[_pool_key(s)]]
+
+
+def devices_of(slices: Iterable[dict], driver: str | None = DRIVER) -> list[Device]:
+    """Devices the scheduler sees in the ResourceSlices (of one driver, or all with driver=None): each pool's
+    newest generation, in slice order."""
+    out = []
+    for s in current(slices):
         spec = s.get("spec") or {}
         drv = spec.get("driver", "")
         if driver is not None and drv != driver:
@@ -131,8 +155,46 @@ def devices_of(slices: Iterable[dict], driver: str | None = DRIVER) -> list[Devi
                               node=spec.get("nodeName") or "", slice=(s.get("metadata") or {}).get("name", ""),
                               name=dev.get("name", ""), attributes=attrs,
                               capacity={k: str((v or {}).get("value", "")) for k, v in
-                                        (dev.get("capacity") or {}).items()}))
+                                        (dev.get("capacity") or {}).items()},
+                              generation=_generation(s)))
     return out
+
+
+@dataclasses.dataclass
+class Pool:
+    """One driver's pool of devices, as its ResourceSlices say at the pool's newest generation."""
+
+    driver: str
+    name: str
+    node: str                      # spec.nodeName of its slices ('' for network-attached pools)
+    generation: int
+    slice_count: int               # resourceSliceCount: how many slices make the pool at this generation
+    slices: list[str]              # names of the slices present at this generation
+    stale: list[str]               # names of slices of older generations (ignored by the scheduler)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.slices) == self.slice_count
+
+
+def pools_of(slices: Iterable[dict], driver: str | None = DRIVER) -> list[Pool]:
+    """The pools of the ResourceSlices (of one driver, or all with driver=None), sorted by driver and name."""
+    slices = [s for s in slices if driver is None or (s.get("spec") or {}).get("driver") == driver]
+    keep = {id(s) for s in current(slices)}
+    out: dict[tuple[str, str], Pool] = {}
+    for s in slices:
+        spec, name = s.get("spec") or {}, (s.get("metadata") or {}).get("name", "")
+        key = _pool_key(s)
+        pool = out.setdefault(key, Pool(driver=key[0], name=key[1], node="", generation=0, slice_count=0,
+                                        slices=[], stale=[]))
+        if id(s) not in keep:
+            pool.stale.append(name)
+            continue
+        pool.generation = _generation(s)
+        pool.slice_count = int((spec.get("pool") or {}).get("resourceSliceCount") or 1)
+        pool.node = pool.node or spec.get("nodeName") or ""
+        pool.slices.append(name)
+    return [out[k] for k in sorted(out)]
 
 
 def by_node(devices: Iterable[Device]) -> dict[str, list[Device]]:

@@ -27,7 +27,8 @@ from .results import CheckRecord, RunDir, new_run_id
 
 REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 
-pytest_plugins = ["gpuproof.progress", "gpuproof.plan"]   # progress lines + ETA; the `creates` marker for plans
+# progress lines + ETA; the `creates` marker for plans; the nodes each check left out
+pytest_plugins = ["gpuproof.progress", "gpuproof.plan", "gpuproof.coverage"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -281,28 +282,43 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One test per discovered GPU node (``gpu_node``) or pool (``gpu_pool``)."""
+    """One test per discovered GPU node (``gpu_node``) or pool (``gpu_pool``), over the nodes the check is for.
+
+    Nodes a check leaves out (unfit for its pods, DRA-only for a device-plugin check, simulated for a
+    check that needs real GPUs) are recorded with the reason when the check runs (gpuproof.coverage).
+    """
+    from .coverage import note, split
+
     wanted = [f for f in ("gpu_node", "gpu_pool", "gpu_product") if f in metafunc.fixturenames]
-    if not wanted:
+    marked = metafunc.definition.get_closest_marker
+    places = marked("places_pods") is not None
+    # one test per node or pool places device-plugin pods (DRA claims are placed by the DRA suite's own tests)
+    kind = {"places_pods": places, "device_plugin": marked("device_plugin") is not None or (places and bool(wanted)),
+            "real_gpus": "needs_real_gpus" in metafunc.fixturenames}
+    if not wanted and not any(kind.values()):
         return
     t = get_target(metafunc.config)
     try:
         d = t.discovery()
     except GpuproofError as exc:       # cannot start, unreachable, refused: stop before anything runs
         stop_session(exc)
+    # a dead or cordoned node is reported by the nodes suite, not timed out on; a kwok node runs no GPU code
+    candidates, left_out = split(d.gpu_nodes, **kind)
+    note(metafunc, left_out)
     select = getattr(metafunc.function, "gpuproof_select", None)
-    candidates = d.gpu_nodes
-    if metafunc.definition.get_closest_marker("device_plugin") is not None:
-        candidates = [n for n in candidates if not n.dra_only]   # GPUs through DRA only: no extended resources
-    if metafunc.definition.get_closest_marker("places_pods") is not None:
-        candidates = d.placeable     # a dead or cordoned node is reported by the nodes suite, not timed out on
+    if kind["real_gpus"] and not candidates:
+        real = [f"{r['node']}: {r['reason']}" for r in left_out if not d.node(r["node"]).simulated]
+        none = f"no real GPU node can take pods ({'; '.join(real)})" if real else REAL_GPU_REASON
+    else:
+        none = ""
     if "gpu_node" in wanted:
         nodes = [n for n in candidates if select is None or select(n)]
         if nodes:
             metafunc.parametrize("gpu_node", nodes, ids=[n.name for n in nodes])
         else:
-            why = "no GPU nodes in the cluster" if not d.gpu_nodes else \
-                f"no GPU node of the kind this check is for ({getattr(select, '__doc__', '') or 'filtered'})"
+            kind_doc = getattr(select, '__doc__', '') or 'filtered'
+            why = none or ("no GPU nodes in the cluster" if not d.gpu_nodes else
+                           f"no GPU node of the kind this check is for ({kind_doc})")
             metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=why))], ids=["none"])
     if "gpu_pool" in wanted:
         pools: dict[str, list] = {}
@@ -313,7 +329,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize("gpu_pool", [Pool(k, v) for k, v in sorted(pools.items())], ids=sorted(pools))
         else:
             metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(
-                reason="no GPU pools in the cluster"))], ids=["none"])
+                reason=none or "no GPU pools in the cluster"))], ids=["none"])
     if "gpu_product" in wanted:
         products = sorted({n.product for n in candidates if n.product and (select is None or select(n))})
         if products:
@@ -376,10 +392,11 @@ def discovery(target):
 
 @pytest.fixture(scope="session")
 def gpu_products(discovery) -> dict[str, list[str]]:
-    """Product -> nodes, for the benchmarks: their pods ask nvidia.com/gpu, so DRA-only nodes are left out."""
+    """Product -> nodes, for the benchmarks: their pods ask nvidia.com/gpu, so DRA-only nodes are left out, and
+    they run GPU code, so simulated (kwok) nodes are too."""
     from .discovery import products_of
 
-    return products_of(n for n in discovery.gpu_nodes if not n.dra_only)
+    return products_of(n for n in discovery.gpu_nodes if not n.dra_only and not n.simulated)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ CHECKS_FILE = "checks.jsonl"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 INVENTORY_FILE = "inventory.json"
+COVERAGE_FILE = "coverage.jsonl"     # GPU nodes a check left out, and why (gpuproof.coverage)
 META_FILE = "run.json"
 
 
@@ -181,6 +182,9 @@ class RunDir:
     def add_metrics(self, records: Iterable[MetricRecord]) -> None:
         for r in records:
             self.add_metric(r)
+
+    def add_coverage(self, rows: Iterable[dict]) -> None:
+        self._append(COVERAGE_FILE, ({"run_id": self.run_id, **r} for r in rows))
 
     def add_samples(self, samples: Iterable[dict]) -> None:
         self._append(SAMPLES_FILE, ({"run_id": self.run_id, **s} for s in samples))

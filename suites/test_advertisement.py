@@ -2,7 +2,9 @@
 
 On every GPU node, capacity and allocatable of the GPU resource equal ``nvidia.com/gpu.count``
 (times ``nvidia.com/gpu.replicas`` when time-sliced), and the resource names fit the
-sharing and MIG strategy. On real clusters the device-plugin pods are Ready on every GPU node.
+sharing and MIG strategy. A resource left at 0 capacity (the kubelet keeps the old extended
+resources at 0 after a MIG or sharing change) is not advertised. On real clusters the
+device-plugin pods are Ready on every GPU node.
 """
 
 import pytest
@@ -35,7 +37,7 @@ def test_gpu_capacity_matches_count_label(gpu_node, check):
                    f"({n.count_source}): time-slicing without GFD's replicas label cannot be verified",
                    expected=expected, actual=n.capacity_of(GPU))
         return
-    resource = GPU_SHARED if n.capacity_of(GPU_SHARED) is not None else GPU
+    resource = n.gpu_resource
     why = f"{resource} vs {n.count_source}={count}" + (f" x replicas={n.replicas}" if n.replicas > 1 else "")
     check.equal("capacity-matches-count", expected, n.capacity_of(resource), what=f"capacity of {why}")
     check.equal("allocatable-matches-count", expected, n.allocatable_of(resource), what=f"allocatable of {why}")
@@ -51,7 +53,7 @@ def test_mixed_mig_node_advertises_no_whole_gpus(gpu_node, check):
 def test_resource_names_fit_strategy(gpu_node, check):
     n = gpu_node
     mig = n.mig_resources
-    shared = n.capacity_of(GPU_SHARED)
+    shared = n.advertised(GPU_SHARED)
     if n.mig_strategy == "mixed":
         check.true("mig-resources-present", bool(mig), expected="nvidia.com/mig-<profile> resources",
                    actual=sorted(n.capacity), what="mixed MIG strategy but no MIG resources advertised")
@@ -65,10 +67,10 @@ def test_resource_names_fit_strategy(gpu_node, check):
     else:
         check.equal("no-mig-resources", [], sorted(f"nvidia.com/mig-{p}" for p in mig),
                     what=f"MIG resources on a node with mig.strategy={n.mig_strategy}")
-    renamed = n.time_sliced and (shared or 0) > 0
+    renamed = n.time_sliced and n.shared_renamed
     if n.time_sliced:
         expected = GPU_SHARED if renamed else GPU
-        check.true("shared-resource-name", (shared or 0) > 0 if renamed else shared is None,
+        check.true("shared-resource-name", renamed or (shared is None and n.advertised(GPU) is not None),
                    expected=f"GPUs advertised as {expected}",
                    actual={k: v for k, v in n.capacity.items() if k.startswith("nvidia.com/gpu")},
                    what="time-sliced resource name")

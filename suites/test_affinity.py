@@ -10,6 +10,7 @@ it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
 import pytest
 
 from gpuproof.churn import ForeignPods
+from gpuproof.discovery import BYTES_FROM
 from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled, used_on
 
 FEATURE = "affinity"
@@ -121,16 +122,20 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
 @pytest.mark.creates("Pod", "memory-gt-none", on="any", note="nvidia.com/gpu.memory Gt the largest: stays Pending")
 def test_memory_greater_than(discovery, run, scratch, target, check):
     # the pods ask no GPU: every GPU node pods can land on counts, DRA-only ones too
-    mem = {n.name: n.memory_mib for n in discovery.gpu_nodes if n.memory_mib and not n.unfit_for_placement}
+    # GFD v0.6 wrote bytes there: those nodes are kept out of the comparison, and out of the pods' way (Lt)
+    mem = {n.name: n.memory_mib for n in discovery.gpu_nodes
+           if n.memory_mib and not n.memory_in_bytes and not n.unfit_for_placement}
     if len(set(mem.values())) < 2:
         check.skip("memory-gt", "needs GPU nodes with at least two different nvidia.com/gpu.memory values")
     threshold = sorted(set(mem.values()))[-2]          # only the largest-memory GPUs are above it
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": MEMORY, "operator": "Gt", "values": [str(threshold)]}]}]}}}
+        {"matchExpressions": [{"key": MEMORY, "operator": "Gt", "values": [str(threshold)]},
+                              {"key": MEMORY, "operator": "Lt", "values": [str(BYTES_FROM)]}]}]}}}
     p = _land(run, scratch, target, "memory-gt", pod("memory-gt", affinity=affinity, tolerations=TOLERATE_ALL))
     got = mem.get(p.spec.node_name) if p.status.phase == "Running" else pod_outcome(p)
     check.true("memory-gt", isinstance(got, int) and got > threshold, expected=f"a node with {MEMORY} > {threshold}",
-               actual=f"{p.spec.node_name}: {got}", what=f"node picked for {MEMORY} Gt {threshold}",
+               actual=f"{p.spec.node_name}: {got}" if isinstance(got, int) else got,
+               what=f"node picked for {MEMORY} Gt {threshold}",
                target="cluster")
     top = max(mem.values())
     affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][

@@ -11,24 +11,27 @@ VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
 PRODUCT = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*$")
 
 # What every GPU Feature Discovery release writes on a GPU node, each with the label names it has had
-# (newest first: older releases write cuda.driver.* and cuda.runtime.*, newer ones add *-version.*).
-# requirement -> (label names, pattern or allowed values, description)
+# (newest first: releases before v0.8 write only cuda.driver.* and cuda.runtime.*, later ones add
+# *-version.*). requirement -> (label names, pattern or allowed values, description)
 REQUIRED = {
     "product": (["nvidia.com/gpu.product"], PRODUCT, "a product name"),
     "count": (["nvidia.com/gpu.count"], INT, "a whole number"),
     "family": (["nvidia.com/gpu.family"], re.compile(r"^[a-z][-a-z]*$"), "an architecture family"),
     "compute major": (["nvidia.com/gpu.compute.major"], INT, "a whole number"),
     "compute minor": (["nvidia.com/gpu.compute.minor"], INT, "a whole number"),
-    "replicas": (["nvidia.com/gpu.replicas"], INT, "a whole number"),
     "driver major": (["nvidia.com/cuda.driver-version.major", "nvidia.com/cuda.driver.major"], INT, "a whole number"),
     "driver minor": (["nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver.minor"], INT, "a whole number"),
     "CUDA major": (["nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime.major"], INT, "a whole number"),
 }
 # Labels GFD writes only in some set-ups or releases: checked where present. (gpu.memory is absent when
-# NVML cannot read it; sharing-strategy is newer than replicas; mig.strategy is not written for "none";
-# gpu.present comes from the GPU operator or NFD rules, not from GFD.)
+# NVML cannot read it, and GFD v0.6 wrote it in bytes; replicas came with time-slicing in v0.6,
+# sharing-strategy with MPS later still; mig.strategy is not written for "none"; gpu.present comes from
+# the GPU operator or NFD rules, not from GFD; cuda.driver.rev is empty for drivers without a revision.)
 OPTIONAL = {
-    "nvidia.com/gpu.memory": (INT, "MiB as a whole number"),
+    "nvidia.com/gpu.memory": (INT, "MiB (or, from GFD v0.6, bytes) as a whole number"),
+    "nvidia.com/gpu.replicas": (INT, "a whole number"),
+    "nvidia.com/cuda.driver.rev": (re.compile(r"^\d*$"), "a whole number or empty"),
+    "nvidia.com/cuda.runtime.minor": (INT, "a whole number"),
     "nvidia.com/gpu.present": ({"true"}, "true"),
     "nvidia.com/gpu.sharing-strategy": ({"none", "time-slicing", "mps"}, "none, time-slicing or mps"),
     "nvidia.com/mig.strategy": ({"none", "single", "mixed"}, "none, single or mixed"),
@@ -36,10 +39,17 @@ OPTIONAL = {
     "nvidia.com/cuda.runtime-version.full": (VERSION, "a CUDA version such as 12.4"),
 }
 
-# what must be the same on every node of a pool
-UNIFORM = ["nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory",
-           "nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.runtime-version.full",
-           "nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy", "nvidia.com/mig.strategy"]
+# what must be the same on every node of a pool: fact -> (how it is read, whichever GFD release wrote it)
+UNIFORM = {
+    "nvidia.com/gpu.product": lambda n: n.label("nvidia.com/gpu.product"),
+    "nvidia.com/gpu.count": lambda n: n.label("nvidia.com/gpu.count"),
+    "nvidia.com/gpu.memory (MiB)": lambda n: n.memory_mib,
+    "driver version (nvidia.com/cuda.driver-version.* or cuda.driver.*)": lambda n: n.driver_version or None,
+    "CUDA version (nvidia.com/cuda.runtime-version.* or cuda.runtime.*)": lambda n: n.cuda_version or None,
+    "nvidia.com/gpu.replicas": lambda n: n.replicas if n.gfd else None,
+    "sharing (nvidia.com/gpu.sharing-strategy, or replicas)": lambda n: n.sharing_strategy if n.gfd else None,
+    "nvidia.com/mig.strategy": lambda n: n.label("nvidia.com/mig.strategy"),
+}
 
 
 def _ok(value, rule) -> bool:
@@ -99,6 +109,7 @@ def test_gfd_labels_present_and_well_formed(gpu_node, check):
 
 
 def test_driver_version_parts_agree(gpu_node, check):
+    """GFD's driver-version.full and its major/minor parts agree (releases before v0.8 write neither)."""
     full = gpu_node.label("nvidia.com/cuda.driver-version.full")
     parts = [gpu_node.label(f"nvidia.com/cuda.driver-version.{p}") for p in ("major", "minor")]
     if full and all(parts):
@@ -112,7 +123,7 @@ def test_product_suffix_fits_sharing(gpu_node, check):
     product = n.product
     if not product:
         return  # reported by the presence check
-    shared_suffix = n.time_sliced and n.capacity_of("nvidia.com/gpu.shared") is None
+    shared_suffix = n.time_sliced and not n.shared_renamed
     check.true("shared-suffix", product.endswith("-SHARED") == shared_suffix,
                expected=("a product ending in -SHARED (time-sliced, not renamed)" if shared_suffix
                          else "a product without the -SHARED suffix"),
@@ -127,10 +138,10 @@ def test_product_suffix_fits_sharing(gpu_node, check):
 
 def test_pool_is_uniform(gpu_pool, check):
     """Every node of a pool has the same GPUs, driver, CUDA and sharing set-up."""
-    for label in UNIFORM:
+    for label, read in UNIFORM.items():
         values = {}
         for n in gpu_pool.nodes:
-            values.setdefault(n.label(label), []).append(n.name)
+            values.setdefault(read(n), []).append(n.name)
         if len(values) <= 1:
             check.record("pool-uniform", "pass", expected=next(iter(values), None), actual=next(iter(values), None),
                          target=f"pool/{gpu_pool.name}")

@@ -2,8 +2,10 @@
 
 Memory, family and compute capability are compared with the product catalog
 (``gpuproof/catalog.yaml``), MIG slices with the product's MIG table, and the GPU count and
-product with what the node's instance type has. A product the catalog does not know is a
-warning (extend the catalog), never a failure.
+product with what the node's instance type has. On nodes whose GPUs only NVIDIA's DRA driver
+describes (no GPU Feature Discovery labels), the devices it publishes are held to the same
+rules: their product and number of GPUs against the instance type, their memory against the
+product. A product the catalog does not know is a warning (extend the catalog), never a failure.
 """
 
 from gpuproof import catalog
@@ -21,10 +23,13 @@ def test_product_in_catalog(gpu_node, check):
         check.record("product-known", "pass", expected="a catalog product", actual=gpu_node.catalog_product.label)
 
 
-@for_nodes(lambda n: n.gfd and n.catalog_product is not None)
-def test_gfd_labels_fit_product(gpu_node, check):
-    """GFD-labelled nodes of catalog products"""
+@for_nodes(lambda n: (n.gfd or n.dra) and n.catalog_product is not None)
+def test_gpus_fit_product(gpu_node, check):
+    """nodes of catalog products that GFD labels or NVIDIA's DRA driver describes"""
     n, p = gpu_node, gpu_node.catalog_product
+    if not n.gfd:
+        _dra_devices_fit_product(n, check)
+        return
     memory = n.memory_mib
     if memory is not None:
         profile = p.mig_profile(n.single_mig_profile) if n.single_mig_profile else None
@@ -49,9 +54,10 @@ def test_gfd_labels_fit_product(gpu_node, check):
 def test_gpus_fit_instance_type(gpu_node, check):
     """nodes whose instance type is in the catalog"""
     n, it = gpu_node, gpu_node.instance
-    if n.catalog_product is not None:
-        check.equal("product-fits-instance", it.product, n.catalog_product.label,
-                    what=f"GPU product ({n.sources['product']}) of instance type {it.name}")
+    if n.catalog_product is not None or n.scheme == "dra":
+        for product in sorted(_products(n)):
+            check.equal("product-fits-instance", it.product, product,
+                        what=f"GPU product ({n.sources['product']}) of instance type {it.name}")
     if n.mig_strategy == "single" and n.gfd:
         return   # GFD's count is MIG devices there; the advertisement and MIG suites check those
     physical = n.count_label if n.gfd else n.physical_count
@@ -83,3 +89,26 @@ def test_mig_labels_fit_product(gpu_node, check):
                        what=f"nvidia.com/mig-{profile}.memory")
     check.true("mig-slices-plausible", slices <= 7 * gpus, expected=f"at most 7 compute slices x {gpus} GPUs",
                actual=slices, what="compute slices of the advertised MIG devices")
+
+
+def _products(n) -> set[str]:
+    """The node's product(s) in the catalog's spelling; a DRA node: every product its devices name."""
+    if n.scheme != "dra":
+        return {n.catalog_product.label}
+    return {getattr(catalog.lookup(d.product), "label", d.product) or "(none)" for d in n.dra_devices}
+
+
+def _dra_devices_fit_product(n, check) -> None:
+    """The memory of each whole GPU NVIDIA's DRA driver publishes, against its product (MIG devices:
+    dra-attributes holds them to the product's MIG table)."""
+    whole: dict[tuple[str, int | None], int] = {}
+    for d in n.dra_devices:
+        if d.type == "gpu":
+            whole[(d.product, d.memory_mib)] = whole.get((d.product, d.memory_mib), 0) + 1
+    for (product, memory), count in sorted(whole.items(), key=str):
+        p = catalog.lookup(product)
+        if p is None:
+            continue                   # product-known warns: the catalog cannot judge it
+        check.true("memory-plausible", memory is not None and p.memory_plausible(memory),
+                   expected=f"{p.memory_mib} MiB +-{catalog.MEMORY_TOLERANCE:.0%} ({p.label})",
+                   actual=f"{memory} MiB", what=f"memory of {count} {product} device(s) NVIDIA's DRA driver publishes")

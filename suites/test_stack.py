@@ -2,8 +2,9 @@
 
 - MIG manager: ``nvidia.com/mig.config.state`` is ``success``, and an ``all-<profile>`` or
   ``all-disabled`` config is what the node advertises;
-- GPU operator: every ``nvidia.com/gpu.deploy.<component>`` is ``true``, ``false`` or
-  ``pre-installed`` (``paused-for-...`` is a change that never finished), the driver upgrade
+- GPU operator: every ``nvidia.com/gpu.deploy.<component>`` is ``true``, ``false``,
+  ``pre-installed`` or empty (a component the operator does not deploy on the node;
+  ``paused-for-...`` is a change that never finished), the driver upgrade
   state is ``upgrade-done``, and on real clusters each deployed component has a Ready pod on the node;
 - GFD: ``nvidia.com/gfd.timestamp`` is recent (``--gfd-max-age``), so the labels are current.
 
@@ -25,6 +26,7 @@ UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 GFD_TIMESTAMP = "nvidia.com/gfd.timestamp"
 DEPLOY = re.compile(r"^nvidia\.com/gpu\.deploy\.(.+)$")
 DEPLOY_OK = {"true", "false", "pre-installed"}
+NOT_DEPLOYED = ""            # gpu.deploy.<component>= (empty): the operator does not deploy it on this node
 
 
 def _deploy_labels(node) -> dict[str, str]:
@@ -54,7 +56,8 @@ def test_mig_manager_applied_config(gpu_node, check):
 def test_gpu_operator_states(gpu_node, check):
     """nodes managed by the NVIDIA GPU operator"""
     for component, value in sorted(_deploy_labels(gpu_node).items()):
-        check.true("operator-component-state", value in DEPLOY_OK, expected=f"one of {sorted(DEPLOY_OK)}",
+        check.true("operator-component-state", value in DEPLOY_OK or value == NOT_DEPLOYED,
+                   expected=f"one of {sorted(DEPLOY_OK)}",
                    actual=value, what=f"nvidia.com/gpu.deploy.{component}")
     if UPGRADE_STATE in gpu_node.labels:
         check.equal("driver-upgrade-state", "upgrade-done", gpu_node.label(UPGRADE_STATE),

@@ -44,7 +44,7 @@ def test_report_has_every_plot(report):
     assert plots.count("utilization") == 2 * 5         # 2 GPUs x (util %, memory, power, temp, clock)
     assert page.count('<svg class="chart"') == len(plots)
     assert page.count('class="ref"') == 8             # a peak marker per product and dtype
-    for section in ("failures", "matrix", "checks", "benchmarks", "utilization", "tests", "inventory"):
+    for section in ("failures", "matrix", "coverage", "checks", "benchmarks", "utilization", "tests", "inventory"):
         assert f'<section id="{section}">' in page
 
 
@@ -119,6 +119,16 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     n_plots = len(_plots(report.read_text()))
     assert f'data-gpuproof-plots="{n_plots}"' in html_tag          # every plot's SVG is in the rendered DOM
     assert re.search(r'<span id="check-shown"[^>]*>18 shown</span>', dom)   # the checks filter ran
+    # the coverage table: every node a check left out, with the reason and the checks, as rendered
+    coverage = re.search(r'<section id="coverage">(.*?)</section>', dom, re.S).group(1)
+    assert "Coverage: 2 GPU nodes left out of some checks" in coverage
+    rows = re.findall(r"<tr>(.*?)</tr>", coverage, re.S)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in rows]
+    assert [c[:3] for c in cells] == [
+        ["a100-1", "a100", "cannot take pods: cordoned (spec.unschedulable)"],
+        ["h100-1", "h100", "simulated (kwok): no GPU executes there, and this check needs real GPUs"]]
+    assert cells[0][3] == "taints: test_tolerating_gpu_pod_lands, health: test_health_per_node"
+    assert 'href="#coverage"' in dom
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     artifacts = os.environ.get("GPUPROOF_ARTIFACTS")
     if artifacts:

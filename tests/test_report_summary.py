@@ -24,7 +24,8 @@ def test_summary_puts_failures_first_with_expected_actual_and_node(run_path):
     assert md.startswith("## ❌ gpuproof run `20250101-120000-abc123`: failed")
     assert "**Kubernetes** v1.35.4" in md and "**duration** 3m12s" in md and "5 (32 GPUs, 3 pools)" in md
     order = [md.index(s) for s in ("| ✅ passed | 14 | 3 |", "### ❌ Failures (2)", "### ⚠️ Warnings (1)",
-                                   "### Results by feature and pool", "Skip reasons", "### Matmul",
+                                   "### Results by feature and pool", "### Coverage: 2 GPU nodes left out of some "
+                                   "checks", "Skip reasons", "### Matmul",
                                    "### All-reduce", "### Inference", "Cluster inventory")]
     assert order == sorted(order)
     failure_row = next(line for line in md.splitlines() if "gfd-labels-present" in line and "❌" in line)
@@ -172,3 +173,31 @@ def test_metric_names_as_gpuproof_bench_writes_them(tmp_path):
     assert "Other metrics" not in md                          # every record was recognised
     plots = re.findall(r'data-plot="([a-z]+)"', render_html(load_run(run.path)))
     assert sorted(plots) == ["allreduce", "latency", "matmul"]
+
+
+def test_coverage_lists_every_node_left_out_with_the_reason(tmp_path):
+    """Nodes checks left out when they ran and the checks' own skips on a node, one row per node and reason;
+    skips of a pool, a product or the cluster are not nodes left out."""
+    run = RunDir(tmp_path / "r")
+    run.add_coverage([{"check": "test_health_per_node", "feature": "health", "node": "kwok-10", "pool": "a",
+                       "reason": "simulated (kwok): no GPU executes there, and this check needs real GPUs"},
+                      {"check": "test_health_per_node", "feature": "health", "node": "kwok-2", "pool": "a",
+                       "reason": "simulated (kwok): no GPU executes there, and this check needs real GPUs"}])
+    run.add_check(CheckRecord("labels", "label-present", "gke-0", "skip", pool="g",
+                              message="labelled by gke, not GPU Feature Discovery"))
+    run.add_check(CheckRecord("mig", "mig-placement", "profile/1g.10gb", "skip", message="every one is taken"))
+    run.add_check(CheckRecord("quota", "quota-admits-within", "cluster", "pass"))
+    md = render_summary(load_run(run.path))
+    assert "### Coverage: 3 GPU nodes left out of some checks" in md
+    rows = [line for line in md.splitlines() if line.startswith(("| kwok-", "| gke-"))]
+    assert rows == ["| gke-0 | g | labelled by gke, not GPU Feature Discovery | labels: label-present |",
+                    "| kwok-2 | a | simulated (kwok): no GPU executes there, and this check needs real GPUs | "
+                    "health: test_health_per_node |",
+                    "| kwok-10 | a | simulated (kwok): no GPU executes there, and this check needs real GPUs | "
+                    "health: test_health_per_node |"]
+
+
+def test_coverage_says_when_nothing_was_left_out(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.add_check(CheckRecord("nodes", "node-ready", "n-0", "pass"))
+    assert "Coverage: every check ran on every GPU node it is for." in render_summary(load_run(run.path))

@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import GpuproofError
 from ..results import (
     CHECKS_FILE,
+    COVERAGE_FILE,
     INVENTORY_FILE,
     META_FILE,
     METRICS_FILE,
@@ -120,6 +121,7 @@ class Run:
     samples: Any       # DataFrame, as written (plus a "gpu_key" column when not empty)
     inventory: dict
     junit: JUnitResult | None
+    coverage: list[dict] = dataclasses.field(default_factory=list)   # GPU nodes checks left out (coverage.jsonl)
 
     @property
     def run_id(self) -> str:
@@ -235,8 +237,9 @@ def load_run(arg: str | os.PathLike, root: str | os.PathLike = "reports") -> Run
         samples["gpu_key"] = gpu_keys(samples)
 
     junit = read_junit(path / JUNIT_FILE) if (path / JUNIT_FILE).exists() else None
+    coverage = load_table(path, COVERAGE_FILE).fillna("").astype(str).to_dict("records")
     return Run(path=path, meta=meta, checks=checks, metrics=metrics, samples=samples,
-               inventory=inventory, junit=junit)
+               inventory=inventory, junit=junit, coverage=coverage)
 
 
 def gpu_keys(samples) -> list[str]:

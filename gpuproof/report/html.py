@@ -14,7 +14,7 @@ from .. import __version__
 from ..results import utcnow
 from .data import Run, sample_fields
 from .inventory_diff import fleet_table
-from .summary import benchmark_tables, failures_table, matrix_table, run_facts
+from .summary import benchmark_tables, coverage_table, coverage_title, failures_table, matrix_table, run_facts
 from .svg import bar_chart, figure, line_chart
 from .tables import Cell, Table, fmt_bytes, fmt_num, natural_key, shorten
 from .views import (
@@ -312,6 +312,13 @@ def render_html(run: Run) -> str:
     if not run.checks.empty:
         add("matrix", "Results by feature and pool", _matrix(run),
             "Counts of check verdicts; the cell colour is the worst verdict.")
+        coverage = coverage_table(run, html=True)
+        add("coverage", coverage_title(coverage) if coverage.rows else "Coverage",
+            coverage.to_html() if coverage.rows else '<div class="ok-box">Every check ran on every GPU node it is '
+                                                     'for.</div>',
+            "Why checks left GPU nodes out: nodes that cannot take pods, nodes offering GPUs only through DRA, "
+            "simulated nodes for checks that need real GPUs, and each check's own skips on a node.",
+            nav="Coverage")
         reasons = skip_reasons(run.checks)
         skip_html = ""
         if reasons:

@@ -16,6 +16,7 @@ from .views import (
     check_matrix,
     group_problems,
     inference_table_rows,
+    left_out,
     matmul_bars,
     other_metrics,
     product_pools,
@@ -87,6 +88,21 @@ def failures_table(checks: list[dict], html: bool = False, products: dict[str, s
             table.add(ICON[g["verdict"]], g["feature"], g["check"], targets, ", ".join(g["pools"]),
                       shorten(g["expected"], 120), shorten(g["actual"], 120), shorten(g["message"], 200))
     return table
+
+
+def coverage_table(run: Run, html: bool = False) -> Table:
+    """The GPU nodes checks left out, with the reason and which checks: nothing is skipped silently."""
+    table = Table(["node", "pool", "reason", "left out of"])
+    for r in left_out(run.coverage, run.checks):
+        checks = name_list(r["checks"], limit=4)
+        table.add(r["node"], r["pool"], shorten(r["reason"], 300 if html else 160),
+                  Cell(checks, title=", ".join(r["checks"])) if html else checks)
+    return table
+
+
+def coverage_title(table: Table) -> str:
+    nodes = len({str(row[0]) for row in table.rows})
+    return f"Coverage: {nodes} GPU node{'s' if nodes != 1 else ''} left out of some checks"
 
 
 def matrix_table(run: Run, icons: bool = True) -> Table:
@@ -202,6 +218,11 @@ def render_summary(run: Run) -> str:
 
     if not run.checks.empty:
         lines += ["### Results by feature and pool", "", _md(matrix_table(run), 100), ""]
+        coverage = coverage_table(run)
+        if coverage.rows:
+            lines += [f"### {coverage_title(coverage)}", "", _md(coverage), ""]
+        else:
+            lines += ["Coverage: every check ran on every GPU node it is for.", ""]
 
     reasons = skip_reasons(run.checks)
     junit_reasons = run.junit.skip_reasons() if run.junit else []

@@ -126,6 +126,16 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
                                   message="time-slicing configured but not advertised yet" if pool == "h100" else ""))
     run.add_check(CheckRecord(feature="quota", check="gpu-quota-enforced", target="cluster", verdict="pass",
                               expected="403 Forbidden", actual="403 Forbidden"))
+    # nodes checks left out when they ran (gpuproof.coverage)
+    if len(gpu_nodes) > 1:
+        cordoned, kwok = gpu_nodes[1], gpu_nodes[-1]
+        run.add_coverage([{"check": check, "feature": feature, "node": cordoned["name"], "pool": cordoned["pool"],
+                           "reason": "cannot take pods: cordoned (spec.unschedulable)"}
+                          for feature, check in (("taints", "test_tolerating_gpu_pod_lands"),
+                                                 ("health", "test_health_per_node"))])
+        run.add_coverage([{"check": "test_health_per_node", "feature": "health", "node": kwok["name"],
+                           "pool": kwok["pool"], "reason": "simulated (kwok): no GPU executes there, and this check "
+                                                           "needs real GPUs"}])
 
     products = sorted({n["product"] for n in gpu_nodes})
     for product in products:

@@ -339,3 +339,26 @@ def skip_reasons(checks) -> list[tuple[str, int]]:
     skipped = checks[checks["verdict"] == "skip"]
     counts = skipped["message"].replace("", "(no reason given)").value_counts()
     return [(str(k), int(v)) for k, v in counts.items()]
+
+
+def left_out(coverage: list[dict], checks) -> list[dict]:
+    """Every GPU node some check left out, one row per node and reason: {node, pool, reason, checks}.
+
+    From what the checks left out when they ran (coverage.jsonl: unfit, DRA-only, simulated) and from
+    the checks' own skip records on a node (no free GPU, another label scheme, ...).
+    """
+    seen: dict[tuple[str, str], dict] = {}
+
+    def add(node: str, pool: str, reason: str, check: str) -> None:
+        row = seen.setdefault((node, reason), {"node": node, "pool": pool, "reason": reason, "checks": []})
+        if check not in row["checks"]:
+            row["checks"].append(check)
+
+    for r in coverage:
+        add(r.get("node", ""), r.get("pool", ""), r.get("reason", ""), f"{r.get('feature', '')}: {r.get('check', '')}")
+    if not checks.empty:
+        for r in checks[checks["verdict"] == "skip"].to_dict("records"):
+            target = str(r["target"])
+            if target and target != "cluster" and "/" not in target:      # a node, not a pool, product, ...
+                add(target, str(r["pool"]), str(r["message"]) or "(no reason given)", f"{r['feature']}: {r['check']}")
+    return sorted(seen.values(), key=lambda r: (natural_key(r["node"]), r["reason"]))
