@@ -4,8 +4,10 @@
   first's run lease and says whose it is.
 - With ``--no-lease`` the checks' own churn handling keeps both free of false failures.
 - While a generator keeps creating and deleting other people's pods on the GPU nodes
-  (GPUs, MIG slices, shared GPUs, several priorities), a healthy cluster reports no failure
-  (skips with reasons are fine and counted), and seeded faults still fail.
+  (GPUs, MIG slices, shared GPUs, several priorities), a healthy cluster reports no failure:
+  every check not built on free capacity still passes by name, capacity checks may skip saying
+  whose pods took it, at most a few skip for churn (tests/healthy_runs.py), and seeded faults
+  still fail with the same node, expected and actual values.
 - A killed run's lease expires and is taken over; ``gpuproof clean`` removes it.
 """
 
@@ -22,21 +24,17 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from gpuproof.lease import NAME, NAMESPACE, LeaseHeld, RunLease, remove_expired
+from healthy_runs import MIXED, MIXED_UNDER_CHURN, assert_healthy
 
 pytestmark = pytest.mark.sim
 
 SUITES = ["suites", "-m", "not bench", "--shared-requests-refused=g6.4xlarge"]
 
 
-def _green(res):
-    assert res.code == 0, res
-    assert res.failed_checks() == [], res.failed_checks()
-
-
 def test_two_runs_at_once_both_green_the_second_waits(embedded, tmp_path):
     res = embedded.run_suites_together({"first": SUITES, "second": SUITES}, tmp_path)
     for r in res.values():
-        _green(r)
+        assert_healthy(r, MIXED)            # one after the other: as green as a run alone
     waited = [rid for rid, r in res.items() if "waiting for the cluster: gpuproof run" in r.output]
     assert len(waited) == 1, {rid: r.output[-2000:] for rid, r in res.items()}
     other = ({"first", "second"} - set(waited)).pop()
@@ -47,7 +45,7 @@ def test_two_runs_without_lease_have_no_false_failures(embedded, tmp_path):
     res = embedded.run_suites_together({"nolease-a": [*SUITES, "--no-lease"], "nolease-b": [*SUITES, "--no-lease"]},
                                        tmp_path)
     for r in res.values():
-        _green(r)
+        assert_healthy(r, MIXED_UNDER_CHURN)        # each run's pods are the other's "other people's pods"
         assert "waiting for the cluster" not in r.output
 
 
@@ -69,11 +67,9 @@ def test_killed_runs_lease_expires_and_is_taken_over(embedded):
     dead.acquire(wait_s=5)
     dead._stop.set()               # as if SIGKILLed: no renewal, no release
     dead.held = False
-    t0 = time.monotonic()
     heir = RunLease(embedded.client, "next-run")
-    heir.acquire(wait_s=30)
+    heir.acquire(wait_s=30)        # a deadline, not a figure: benchmarks/lease_takeover.py times the takeover
     try:
-        assert time.monotonic() - t0 < 15
         lease = heir.api.read_namespaced_lease(NAME, NAMESPACE)
         assert lease.spec.holder_identity == "next-run"
     finally:
@@ -169,7 +165,7 @@ def test_healthy_cluster_under_churn_has_no_false_failures(embedded, tmp_path):
         t0 = time.monotonic()
         res = embedded.run_suite(*SUITES, report_dir=tmp_path, run_id="churn")
         wall = time.monotonic() - t0
-    _green(res)
+    assert_healthy(res, MIXED_UNDER_CHURN)
     assert churn.created > 10 or CHURN_RATE < 1
     skips = [c for c in res.checks if c["verdict"] == "skip" and "pods of others changed" in (c["message"] or "")]
     passed = sum(c["verdict"] == "pass" for c in res.checks)
@@ -180,14 +176,12 @@ def test_healthy_cluster_under_churn_has_no_false_failures(embedded, tmp_path):
 @pytest.mark.parametrize("case", ["capacity-differs-from-count", "mig-count-label-disagrees", "gpu-node-full",
                                   "node-cordoned", "non-mig-node-advertises-mig"])
 def test_seeded_faults_still_fail_under_churn(embedded, tmp_path, case):
-    from test_suite_faults import CASES
+    from test_suite_faults import CASES, assert_failed
 
     fleet, suites, extra, expectations = CASES[case]
     with embedded.fleet_loaded(fleet), Churn(embedded.client, CHURN_RATE):
         res = embedded.run_suite(*[f"suites/{s}" for s in suites], *extra, report_dir=tmp_path, run_id=case)
-    assert res.code == 1, res
-    for check, node, _, _ in expectations:
-        assert [c for c in res.failed_checks(check) if c["target"] == node], res.failed_checks()
+    assert_failed(res, expectations)
 
 
 def test_a_pod_that_came_and_went_during_a_check_is_noticed(embedded):

@@ -3,13 +3,14 @@
 Unit tests read slices and judge nodes without a cluster; the embedded-cluster tests show the
 DRA suite passing on a healthy DRA fleet (and every other suite passing beside it) and each DRA
 check failing on its own fault: a slice missing a device, an attribute disagreeing with GFD's
-labels, no DeviceClass, a device published twice, the scheduler's DynamicResources plugin off.
+labels, no DeviceClass, a device published twice (the scheduler's DynamicResources plugin off, and a
+DeviceClass selecting the other type: tests/test_suite_faults_more.py).
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import re
 
 import pytest
 import yaml
@@ -225,26 +226,52 @@ def _classes(*names: str) -> dict:
     return fleet
 
 
-# id: (fleet, pytest -k, [(check, target, text in the actual value)])
+ATTRS = ("every device agrees (architecture vs nvidia.com/gpu.family; cudaComputeCapability vs nvidia.com/gpu.compute.*; "
+         "driverVersion vs nvidia.com/cuda.driver-version.full; memory vs nvidia.com/gpu.memory; productName vs "
+         "nvidia.com/gpu.product)")
+PCIE = "productName 'NVIDIA H100 PCIe' (as a label 'NVIDIA-H100-PCIe') != nvidia.com/gpu.product 'NVIDIA-H100-80GB-HBM3'"
+MIGS = '"mig:1g.10gb": 4, "mig:2g.20gb": {}, "mig:3g.40gb": 2'
+
+
+def no_class(kind: str, pod: str) -> re.Pattern:
+    """A pod whose claim names a DeviceClass that is gone: the scheduler's word, and its claim (generated name)."""
+    return re.compile(re.escape(
+        f"unschedulable: 0/6 nodes are available: request {kind}: device class {kind}.nvidia.com does not exist. no "
+        "new claims to deallocate, preemption: 0/6 nodes are available: 6 Preemption is not helpful for scheduling.; "
+        f"claim {pod}-gpus-") + "[a-z0-9]{5}: not allocated")
+
+
+# id: (fleet, pytest -k, [(check, target, expected, actual: the value, or a pattern for generated names)])
 DRA_FAULTS = {
     "slice-missing-a-device": (_fault("h100-dra", node=1, draDropDevices=["gpu-5"]), "slices_match",
-                               [("dra-device-count", "h100-dra-1", '{"gpu": 7}')]),
+                               [("dra-device-count", "h100-dra-1", '{"gpu": 8}', '{"gpu": 7}')]),
     "mig-device-missing": (_fault("a100-mig-dra", draDropDevices=["gpu-1-mig-14-2-2"]), "slices_match",
-                           [("dra-device-count", "a100-mig-dra-0", '"mig:2g.20gb": 1')]),
+                           [("dra-device-count", "a100-mig-dra-0", "{" + MIGS.format(2) + "}",
+                             "{" + MIGS.format(1) + "}")]),
     "attribute-disagrees-with-labels": (
         _fault("h100-dra", node=0, draSetAttributes={"productName": "NVIDIA H100 PCIe"}), "attributes",
-        [("dra-attributes", "h100-dra-0", "productName 'NVIDIA H100 PCIe'")]),
+        [("dra-attributes", "h100-dra-0", ATTRS, "; ".join(f"gpu-{i} {PCIE}" for i in range(6)) + "; and 2 more")]),
     "driver-version-disagrees": (
         _fault("l40s-both", draSetAttributes={"driverVersion": "550.54.15"}), "attributes",
-        [("dra-attributes", "l40s-both-0", "driverVersion '550.54.15' != '570.133.20'")]),
+        [("dra-attributes", "l40s-both-0", ATTRS,
+          "; ".join(f"gpu-{i} driverVersion '550.54.15' != '570.133.20'" for i in range(4)))]),
     "no-mig-deviceclass": (_classes("gpu.nvidia.com"), "classes or mig_devices",
-                           [("dra-deviceclass", "type/mig", "none among ['gpu.nvidia.com']"),
-                            ("dra-mig-placement", "profile/1g.10gb", "claim")]),
+                           [("dra-deviceclass", "type/mig", "a DeviceClass selecting gpu.nvidia.com devices of type "
+                             "'mig' (NVIDIA's chart: mig.nvidia.com)", "none among ['gpu.nvidia.com']"),
+                            ("dra-mig-placement", "profile/1g.10gb",
+                             "Running on one of ['a100-mig-dra-0'] with a 1g.10gb MIG device",
+                             no_class("mig", "mig-0"))]),
     "no-deviceclass-at-all": (_classes(), "classes or one_gpu",
-                              [("dra-deviceclass", "type/gpu", "none among no DeviceClasses"),
-                               ("dra-claim-allocated", "product/NVIDIA-H100-80GB-HBM3", "unschedulable")]),
+                              [("dra-deviceclass", "type/gpu", "a DeviceClass selecting gpu.nvidia.com devices of "
+                                "type 'gpu' (NVIDIA's chart: gpu.nvidia.com)", "none among no DeviceClasses"),
+                               ("dra-claim-allocated", "product/NVIDIA-H100-80GB-HBM3",
+                                "Running, 1 NVIDIA H100 80GB HBM3 allocated on the pod's node",
+                                no_class("gpu", "one-gpu-0"))]),
     "device-published-twice": (_fault("h100-dra", node=1, draDuplicateDevice=True), "twice",
-                               [("dra-unique", "cluster", "published 2 times: h100-dra-1/gpu-0")]),
+                               [("dra-unique", "cluster", "each device (UUID, and name within its pool) once",
+                                 re.compile(r"GPU-[-0-9a-f]{36} published 2 times: h100-dra-1/gpu-0 \(slice (\S+)\), "
+                                            r"h100-dra-1/gpu-0 \(slice \1-dup\); device h100-dra-1/gpu-0 in 2 slices "
+                                            r"of the pool: \1, \1-dup"))]),
 }
 
 
@@ -270,31 +297,9 @@ def test_healthy_dra_fleet_passes_every_suite(embedded, tmp_path):
 @pytest.mark.sim
 @pytest.mark.parametrize("case", list(DRA_FAULTS))
 def test_dra_check_fails_on_its_fault(embedded, tmp_path, case):
+    from test_suite_faults import assert_failed
+
     fleet, keyword, expectations = DRA_FAULTS[case]
     with embedded.fleet_loaded(copy.deepcopy(fleet)):
         res = embedded.run_suite("suites/test_dra.py", "-k", keyword, report_dir=tmp_path, run_id=case)
-    assert res.code == 1, res
-    for check, target, text in expectations:
-        failed = [c for c in res.failed_checks(check) if c["target"] == target]
-        assert failed, f"no failed {check} for {target}: " + json.dumps(res.failed_checks(), indent=1)
-        assert text in failed[0]["actual"], failed[0]
-        assert failed[0]["expected"], failed[0]
-        shown = text.replace('"', "'")          # records hold JSON; the message prints Python values
-        assert any(ln.startswith(f"{target}:") and "expected" in ln and shown in ln
-                   for ln in res.output.splitlines()), res.output[-3000:]
-
-
-@pytest.mark.sim
-def test_claims_fail_when_the_scheduler_cannot_allocate_them(tmp_path):
-    """The scheduler's DynamicResources plugin off: claims are never allocated, and the suite says so."""
-    from conftest import private_cluster
-
-    fleet = dra_fleet()
-    fleet["controlPlane"] = {"disableSchedulerPlugins": ["DynamicResources"]}
-    with private_cluster(fleet, tmp_path / "sim", "test:no-dynamic-resources") as cluster:
-        res = cluster.run_suite("suites/test_dra.py", "-k", "one_gpu", report_dir=tmp_path / "reports",
-                                run_id="no-dynamic-resources")
-    assert res.code == 1, res
-    failed = res.failed_checks("dra-claim-allocated")
-    assert failed, json.dumps(res.failed_checks(), indent=1)
-    assert "not allocated" in failed[0]["actual"] or "unschedulable" in failed[0]["actual"], failed[0]
+    assert_failed(res, expectations)

@@ -44,7 +44,7 @@ def matrix_fleet() -> dict:
 MUST_PASS = {"capacity-matches-count", "allocatable-matches-count", "co-running-peak", "one-more-waits",
              "shared-allocatable", "shared-product-suffix", "shared-suffix", "shared-resource-name",
              "shared-request-gt1-refused", "shared-request-gt1-allowed", "gfd-labels-on-gpu-node",
-             "label-well-formed", "mig-single-valid", "no-mig-resources", "no-shared-resource", "pool-uniform",
+             "label-well-formed", "mig-single-valid", "no-shared-resource", "pool-uniform",
              "memory-plausible", "compute-plausible", "family-plausible", "product-known",
              "driver-version-consistent", "gfd-fresh", "node-selector-product", "required-affinity-product"}
 # the only skips a healthy matrix run may have, by reason

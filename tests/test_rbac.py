@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import http.server
-import json
 import socket
 import ssl
 import subprocess
@@ -30,6 +29,8 @@ import yaml
 
 from gpuproof import rbac
 from gpuproof.errors import ClusterError
+from conftest import SuiteResult
+from healthy_runs import DRA_SUITE, MIXED, assert_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "rbac.yaml"
@@ -37,7 +38,7 @@ SPEC = rbac.load()
 FULL, NO_BENCH, CLEAN = "gpuproof", "gpuproof-no-bench", "gpuproof-clean"
 RUN_NEEDS = rbac.run_needs(bench=False)
 # Rules a run on the embedded cluster cannot use: its GPU nodes are simulated, so no probe pod reads a GPU
-# (the probe's ConfigMap and pod logs), and the benchmarks run on this host's CPU, not in pods.
+# (the probe's ConfigMap and pod logs), and the benchmarks skip there.
 UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs only",
                       ("pods/log", "get"): "probe and benchmark results are read on real GPUs only"}
 
@@ -433,11 +434,6 @@ def _gpuproof(*args: str, timeout: float = 300, env: dict | None = None) -> subp
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def _checks(run_path: Path) -> list[dict]:
-    p = run_path / "checks.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
-
-
 @pytest.mark.sim
 def test_suites_pass_with_only_the_no_bench_role_and_use_every_rule_of_it(roles, embedded, tmp_path):
     rules = SPEC.role_rules(NO_BENCH)
@@ -447,10 +443,7 @@ def test_suites_pass_with_only_the_no_bench_role_and_use_every_rule_of_it(roles,
     # a short run lease, so that it is renewed (updated) while the run lasts
     proc = _gpuproof("run", f"--kubeconfig={kc}", "--shared-requests-refused=g6.4xlarge", f"--report-dir={tmp_path}",
                      "--run-id=rbac-mixed", env={"GPUPROOF_LEASE_SECONDS": "3"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
-    checks = _checks(tmp_path / "rbac-mixed")
-    assert checks and not [c for c in checks if c["verdict"] == "fail"], out[-4000:]
+    assert_healthy(SuiteResult(proc, tmp_path / "rbac-mixed"), MIXED)      # as green, by name, as with admin rights
     used, outside = audit(roles.proxy.take(), rules)
     assert outside == [], "requests the role does not grant (refused, or silently skipped):\n" + "\n".join(outside)
     # the DRA suite with NVIDIA's DRA driver's devices published, through pytest itself (-m "not bench": the
@@ -460,8 +453,7 @@ def test_suites_pass_with_only_the_no_bench_role_and_use_every_rule_of_it(roles,
                f"--report-dir={tmp_path}", "--run-id=rbac-dra", "-p", "no:cacheprovider", "-q",
                "-o", "addopts=-ra --strict-markers", f"--rootdir={REPO}"]
         dra_run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert dra_run.returncode == 0, (dra_run.stdout + dra_run.stderr)[-6000:]
-    assert [c for c in _checks(tmp_path / "rbac-dra") if c["verdict"] == "pass" and c["feature"] == "dra"]
+    assert_healthy(SuiteResult(dra_run, tmp_path / "rbac-dra"), DRA_SUITE)
     dra_used, outside = audit(roles.proxy.take(), rules)
     assert outside == [], "\n".join(outside)
     # least privilege: every rule of the role served some request, but those only real GPUs call for
@@ -549,7 +541,7 @@ def test_a_missing_rule_stops_run_pytest_and_clean_before_they_touch_anything(ro
                              f"--rootdir={REPO}"], cwd=REPO, capture_output=True, text=True, timeout=120)
         out = py.stdout + py.stderr
         said = [line for line in out.splitlines()
-                if line.startswith("gpuproof cannot use its target cluster: the credentials for cluster")]
+                if "gpuproof cannot use its target cluster: the credentials for cluster" in line]
         assert py.returncode != 0 and said and "Traceback" not in out, out
         assert all(line.count("missing RBAC rule:") == 1 and named in line for line in said), said
         asked = roles.proxy.take()

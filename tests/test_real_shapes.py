@@ -202,7 +202,7 @@ def test_every_healthy_shape_passes_the_whole_suite(embedded, tmp_path):
     passed = _passed(res)
     must = {("label-well-formed", gke), ("label-well-formed", v100), ("memory-plausible", gke),
             ("pool-uniform", "pool/a2-pool"),
-            ("capacity-matches-count", h100), ("no-mig-resources", h100), ("shared-resource-name", h100),
+            ("capacity-matches-count", h100), ("shared-resource-name", h100),
             ("capacity-matches-count", ocp), ("shared-resource-name", ocp), ("shared-allocatable", ocp),
             ("operator-component-state", ocp), ("operator-pod-ready", ocp), ("mig-config-matches", ocp),
             ("mig-resources-present", mig), ("no-whole-gpus-under-mixed-mig", mig), ("mig-profile-known", mig),

@@ -136,9 +136,10 @@ def test_inference_deployment_service_and_loadgen():
 
 
 def test_bad_names_are_refused():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^'Bad_Name' is not a valid Kubernetes name \(lower-case letters, "
+                                         r"digits and '-', at most 63 characters\)$"):
         wl.workload_pod("Bad_Name", "probe", labels=LABELS, namespace=NS)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^'x{60}' is not a valid Kubernetes name .*at most 50 characters\)$"):
         wl.allreduce_multinode("x" * 60, 2, 1, labels=LABELS, namespace=NS)
 
 
