@@ -30,25 +30,16 @@ from typing import Iterable
 
 from . import catalog
 
-from .vocab import GPU, GPU_SHARED  # noqa: F401  (re-exported: the suites import them from here)
-from .vocab import LABELS_BY, RESOURCES_BY, SLICES_BY
+# the words discovery shares with the embedded cluster (re-exported: the suites import them from here)
+from .vocab import (AKS_ACCELERATOR, GKE_ACCELERATOR, GKE_MAX_CLIENTS, GKE_PARTITION,  # noqa: F401
+                    GKE_SHARING, GPU, GPU_SHARED, INSTANCE_TYPE, KARPENTER_GPU_COUNT, KARPENTER_GPU_MAKER,
+                    KARPENTER_GPU_MEMORY, KARPENTER_GPU_NAME, KWOK_ANNOTATION, LABELS_BY, OPERATOR_COMPONENT_APPS,
+                    RESOURCES_BY, SIMULATED, SLICES_BY)
 
 MADE_BY = {"labels": LABELS_BY, "resources": RESOURCES_BY, "slices": SLICES_BY}
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")
-KWOK_ANNOTATION = "kwok.x-k8s.io/node"
-SIMULATED = ("fake", "unmanaged")       # kwok nodes; "unmanaged": kwok leaves them alone (a dead kubelet)
 BYTES_FROM = 2**30                       # a gpu.memory label this large is bytes: no GPU has 1 PiB
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 
-GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
-GKE_PARTITION = "cloud.google.com/gke-gpu-partition-size"
-GKE_MAX_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
-GKE_SHARING = "cloud.google.com/gke-gpu-sharing-strategy"
-KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
-KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
-KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
-KARPENTER_GPU_MAKER = "karpenter.k8s.aws/instance-gpu-manufacturer"
-AKS_ACCELERATOR = "kubernetes.azure.com/accelerator"
 
 POOL_LABELS = (
     "cloud.google.com/gke-nodepool",
@@ -59,14 +50,6 @@ POOL_LABELS = (
     INSTANCE_TYPE,
 )
 
-# GPU operator component (nvidia.com/gpu.deploy.<component>) -> the app label (and name prefix) of its pods
-OPERATOR_COMPONENT_APPS = {
-    "driver": "nvidia-driver-daemonset", "container-toolkit": "nvidia-container-toolkit-daemonset",
-    "device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
-    "dcgm-exporter": "nvidia-dcgm-exporter", "dcgm": "nvidia-dcgm", "operator-validator": "nvidia-operator-validator",
-    "node-status-exporter": "nvidia-node-status-exporter", "mig-manager": "nvidia-mig-manager",
-    "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset", "vgpu-manager": "nvidia-vgpu-manager-daemonset",
-}
 
 # conditions a healthy node has False; Ready must be True
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable")

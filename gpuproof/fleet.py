@@ -42,8 +42,8 @@ from typing import Any
 import yaml
 
 from . import catalog
-from . import discovery as d
-from .discovery import KWOK_ANNOTATION
+from . import vocab as d
+from .vocab import KWOK_ANNOTATION
 from .vocab import LABELS_BY, RESOURCES_BY
 from .errors import FleetError
 

@@ -8,3 +8,28 @@ GPU_SHARED = "nvidia.com/gpu.shared"         # ... renamed when shared (renameBy
 LABELS_BY = "gpuproof.dev/labels-by"
 RESOURCES_BY = "gpuproof.dev/resources-by"
 SLICES_BY = "gpuproof.dev/slices-by"          # which software published the node's ResourceSlices
+
+# simulated nodes: kwok's annotation, and its values ("unmanaged": kwok leaves the node alone, a dead kubelet)
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+SIMULATED = ("fake", "unmanaged")
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+
+# managed offerings' own GPU labels
+GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
+GKE_PARTITION = "cloud.google.com/gke-gpu-partition-size"
+GKE_MAX_CLIENTS = "cloud.google.com/gke-max-shared-clients-per-gpu"
+GKE_SHARING = "cloud.google.com/gke-gpu-sharing-strategy"
+KARPENTER_GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+KARPENTER_GPU_COUNT = "karpenter.k8s.aws/instance-gpu-count"
+KARPENTER_GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
+KARPENTER_GPU_MAKER = "karpenter.k8s.aws/instance-gpu-manufacturer"
+AKS_ACCELERATOR = "kubernetes.azure.com/accelerator"
+
+# GPU operator component (nvidia.com/gpu.deploy.<component>) -> the app label (and name prefix) of its pods
+OPERATOR_COMPONENT_APPS = {
+    "driver": "nvidia-driver-daemonset", "container-toolkit": "nvidia-container-toolkit-daemonset",
+    "device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
+    "dcgm-exporter": "nvidia-dcgm-exporter", "dcgm": "nvidia-dcgm", "operator-validator": "nvidia-operator-validator",
+    "node-status-exporter": "nvidia-node-status-exporter", "mig-manager": "nvidia-mig-manager",
+    "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset", "vgpu-manager": "nvidia-vgpu-manager-daemonset",
+}

@@ -33,7 +33,7 @@ from typing import Callable
 import yaml
 
 from ..errors import ControlPlaneError
-from ..discovery import SIMULATED
+from ..vocab import SIMULATED
 from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet, kwok_managed
 from . import binaries as _binaries
 from .pki import make_pki

@@ -13,7 +13,7 @@ import contextlib
 
 from kubernetes.client.exceptions import ApiException
 
-from ..discovery import OPERATOR_COMPONENT_APPS
+from ..vocab import OPERATOR_COMPONENT_APPS
 from ..fleet import NO_OPERATOR_POD, kwok_managed
 
 NAMESPACE = "gpu-operator"
