@@ -59,7 +59,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
     containerd runc containernetworking-plugins iptables >/dev/null
 fi
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
-  echo "[setup] kubelet for kubelet nodes (built once from controlplane/kube, then cached)"
-  .venv/bin/python -c 'from gpuproof.sim import kubelet; print(kubelet.kubelet_binary())' >/dev/null
+  echo "[setup] kubelet and NFD's nfd-master for kubelet nodes (built once from controlplane/kube and controlplane/nfd)"
+  .venv/bin/python -c 'from gpuproof.sim import kubelet; kubelet.kubelet_binary(); kubelet.nfd_master()' >/dev/null
 fi
 # ---- end of kubelet nodes ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Kubelet nodes (``backend: kubelet``, issue #28): real kubelets and containerd on the embedded cluster,
-with NVIDIA's device plugin as a DaemonSet over NVIDIA's mock NVML; and nothing left on the host after
-``down`` or after the owner is SIGKILLed."""
+with NVIDIA's device plugin and GFD as DaemonSets over NVIDIA's mock NVML and NFD's master labelling the
+nodes; a pod sees only the GPUs it was allocated; and nothing left on the host after ``down`` or after
+the owner is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ FLEET = {"name": "kl", "pools": [
     {"name": "shared", "count": 1, "backend": "kubelet", "instanceType": "g6.4xlarge",
      "gpu": {"product": "NVIDIA-L4", "count": 1}, "taints": ["nvidia.com/gpu=present:NoSchedule"],
      "timeSlicing": {"replicas": 4, "failRequestsGreaterThanOne": True}},
+    {"name": "a100", "count": 1, "backend": "kubelet", "instanceType": "a2-highgpu-2g",
+     "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 2}, "taints": ["nvidia.com/gpu=present:NoSchedule"]},
     {"name": "cpu", "count": 1}]}
 
 
@@ -79,7 +82,7 @@ def test_without_root_kubelet_pools_are_left_out_in_one_line(tmp_path, monkeypat
 
 @pytest.mark.sim
 @needs_kubelet
-def test_device_plugin_pods_advertise_and_refuse_two_shared_gpus(tmp_path):
+def test_nvidia_pods_advertise_label_and_refuse_two_shared_gpus(tmp_path):
     from gpuproof.cluster import connect, watch_until
     from gpuproof.sim.controlplane import SimCluster, find_free_base
 
@@ -91,11 +94,22 @@ def test_device_plugin_pods_advertise_and_refuse_two_shared_gpus(tmp_path):
         node = client.core.read_node("shared-0")
         assert node.status.allocatable.get("nvidia.com/gpu") == "4", \
             f"shared-0: expected nvidia.com/gpu 4 (1 GPU x 4 replicas), got {node.status.allocatable}"
-        assert node.metadata.labels.get("node.kubernetes.io/instance-type") == "g6.4xlarge"
-        assert not [k for k in node.metadata.labels if k.startswith("nvidia.com/")], "gpuproof wrote nvidia labels"
+        labels = node.metadata.labels
+        assert labels.get("node.kubernetes.io/instance-type") == "g6.4xlarge"
+        gfd = {k: labels.get(k) for k in ("nvidia.com/gpu.product", "nvidia.com/gpu.replicas",
+                                           "nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.machine")}
+        assert gfd == {"nvidia.com/gpu.product": "NVIDIA-L4-SHARED", "nvidia.com/gpu.replicas": "4",
+                       "nvidia.com/gpu.sharing-strategy": "time-slicing", "nvidia.com/gpu.machine": "g6.4xlarge"}, \
+            f"shared-0: GFD's labels, got {gfd}"
+        # written by NFD's master from GFD's NodeFeature object: it lists every label it owns
+        owned = set(node.metadata.annotations.get("nfd.node.kubernetes.io/feature-labels", "").split(","))
+        nvidia = {k for k in labels if k.startswith("nvidia.com/")}
+        assert nvidia <= owned, \
+            f"shared-0: nvidia.com labels not from NFD: {sorted(labels)} vs {sorted(owned)}"
         plugin = [p for p in client.core.list_namespaced_pod(kubelet.PLUGIN_NAMESPACE).items
                   if p.spec.node_name == "shared-0"]
-        assert [p.status.phase for p in plugin] == ["Running"]
+        assert sorted(p.status.phase for p in plugin) == ["Running", "Running"], "device plugin and GFD pods"
+        image = plugin[0].spec.containers[0].image
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two"}, "spec": {
             "nodeName": "shared-0", "restartPolicy": "Never", "tolerations": [{"operator": "Exists"}],
             "containers": [{"name": "c", "image": "gpuproof.local/pause:3.10", "imagePullPolicy": "Never",
@@ -106,6 +120,24 @@ def test_device_plugin_pods_advertise_and_refuse_two_shared_gpus(tmp_path):
         status = client.core.read_namespaced_pod("two", "default").status
         assert status.reason == "UnexpectedAdmissionError", status
         assert "maximum request size for shared resources is 1; found 2" in status.message, status.message
+        # a pod allocated 1 of a100-0's 2 GPUs: the device plugin's device spec gives it only /dev/nvidia<N>, so
+        # NVIDIA's mock NVML shows it one GPU; GFD one-shot in that pod says how many it sees
+        one = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "one"}, "spec": {
+            "nodeName": "a100-0", "restartPolicy": "Never", "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "c", "image": image, "imagePullPolicy": "Never",
+                            "command": ["/usr/bin/gpu-feature-discovery", "--oneshot", "--no-timestamp",
+                                        "--use-node-feature-api=false", "--output-file="],
+                            "env": [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"}],
+                            "volumeMounts": [{"name": "n", "mountPath": "/etc/gpuproof", "readOnly": True}],
+                            "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+            "volumes": [{"name": "n", "hostPath": {"path": "/var/lib/gpuproof"}}]}}
+        client.core.create_namespaced_pod("default", one)
+        watch_until(client.core.list_namespaced_pod,
+                    lambda c: "one" in c and c["one"].status.phase in ("Succeeded", "Failed"), 90,
+                    "GFD in a pod with 1 GPU to finish", namespace="default")
+        log = client.core.read_namespaced_pod_log("one", "default", _preload_content=False).data.decode()
+        assert "nvidia.com/gpu.count=1" in log.splitlines(), f"a100-0: expected gpu.count=1 in the pod, got:\n{log}"
+        assert client.core.read_node("a100-0").metadata.labels.get("nvidia.com/gpu.count") == "2"
     finally:
         sim.down()
     assert host_leftovers(cluster) == []

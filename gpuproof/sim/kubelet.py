@@ -16,7 +16,9 @@ namespace and mount namespace:
   driver): the kubelet's ``cgroupRoot`` and the daemons' own group, so stopping a node kills
   exactly the processes in it.
 
-Images come from :mod:`gpuproof.sim.images` and are imported into each node's containerd.
+Images come from :mod:`gpuproof.sim.images` and are imported into each node's containerd. On GPU nodes
+NVIDIA's device plugin and GFD run as DaemonSets, and NFD's ``nfd-master`` (``controlplane/nfd``, on the
+host) turns GFD's NodeFeature objects into the nodes' labels.
 Everything the nodes create on the host is named after the cluster id and recorded in
 ``<state>/kubelet/state.json``; :func:`stop` removes it (processes, cgroups, iptables rules,
 veths, namespaces, the bridge), and for a private cluster a reaper process does the same when the
@@ -32,6 +34,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -45,6 +48,10 @@ from . import binaries as _binaries
 
 Progress = Callable[[str], None]
 KUBELET = ("kube", "k8s.io/kubernetes/cmd/kubelet")
+NFD_VERSION = "v0.19.0"
+NFD = ("nfd", "sigs.k8s.io/node-feature-discovery", "cmd/nfd-master")
+NFD_LDFLAGS = f"-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version={NFD_VERSION}"
+NFD_CRDS = "deployment/base/nfd-crds/nfd-api-crds.yaml"      # NodeFeature, NodeFeatureRule, NodeFeatureGroup
 CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 TOOLS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip", "iptables", "nsenter", "unshare")
 CGROUP = Path("/sys/fs/cgroup")
@@ -91,6 +98,22 @@ def kubelet_binary(progress: Progress = _quiet) -> Path:
                               progress=progress) / "kubelet"
 
 
+def nfd_master(progress: Progress = _quiet) -> Path:
+    """The folder holding node-feature-discovery's ``nfd-master`` and its API's CRDs (``nfd-api-crds.yaml``),
+    both from the module pinned in ``controlplane/nfd`` (built there on first use)."""
+    module, path, package = NFD
+    folder = _binaries.go_build(module, {"nfd-master": f"{path}/{package}"}, ldflags=NFD_LDFLAGS, progress=progress)
+    crds = folder / Path(NFD_CRDS).name
+    if not crds.exists():
+        go = shutil.which("go") or "go"
+        where = _sh(go, "list", "-m", "-f", "{{.Dir}}", path, cwd=_binaries.modules_dir() / module,
+                    env={**os.environ, "GOFLAGS": "-mod=mod"}).stdout.strip()
+        tmp = crds.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(Path(where) / NFD_CRDS, tmp)
+        tmp.replace(crds)
+    return folder
+
+
 # ---------------------------------------------------------------------------- layout
 
 
@@ -117,6 +140,7 @@ class State:
     cluster: str                                       # the id in every host name (bridge, netns, cgroup)
     subnet: int                                        # the c of 10.250.<c>.0/24
     api_port: int
+    api_service: str = ""                              # the `kubernetes` Service's ClusterIP, DNATed in each node
     nodes: list[str] = dataclasses.field(default_factory=list)
     pids: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -326,6 +350,13 @@ def _network_up(state: State, nodes: list[Node]) -> None:
         # pods reach the API server (and the host) as their node: the host routes no pod range
         _sh(*inside, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.pod_cidr, "-d", f"{gw}/32",
             "-j", "MASQUERADE")
+        # what kube-proxy would do for the one Service pods use in-cluster (KUBERNETES_SERVICE_HOST): its
+        # ClusterIP:443 goes to the API server through the bridge; the server's certificate names that IP
+        if state.api_service:
+            to = ["-d", f"{state.api_service}/32", "-p", "tcp", "--dport", "443", "-j", "DNAT",
+                  "--to-destination", f"{gw}:{state.api_port}"]
+            _sh(*inside, "iptables", "-t", "nat", "-A", "PREROUTING", *to)
+            _sh(*inside, "iptables", "-t", "nat", "-A", "OUTPUT", *to)
 
 
 # ---------------------------------------------------------------------------- start / stop
@@ -343,10 +374,12 @@ def _pick_subnet(cluster: str) -> int:
 
 def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, dict[str, str]] | None = None,
           progress: Progress = _quiet, timeout: float = 180.0, private: bool = False,
-          extra_images: list[tuple[Path, str]] | None = None) -> State:
+          extra_images: list[tuple[Path, str]] | None = None, api_service: str = "",
+          gpus: dict[str, int] | None = None) -> State:
     """Start a kubelet node for each of ``nodes``; returns when their containerds answer (not yet Ready).
 
-    ``gpu_files``: node name -> {path under the node's /var/lib: content} (its mock NVML config ...).
+    ``gpu_files``: node name -> {path under the node's /var/lib: content} (its mock NVML config ...);
+    ``gpus``: node name -> how many ``/dev/nvidia<N>`` device nodes it has (under ``DEV_ROOT``).
     """
     why = missing()
     if why:
@@ -358,7 +391,8 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
 
     tars = [images.pause_image(), *(extra_images or [])]
     cluster = hashlib.sha256(str(sim_dir.resolve()).encode()).hexdigest()[:4]
-    state = State(cluster=cluster, subnet=_pick_subnet(cluster), api_port=api_port, nodes=[n.name for n in nodes])
+    state = State(cluster=cluster, subnet=_pick_subnet(cluster), api_port=api_port, api_service=api_service,
+                  nodes=[n.name for n in nodes])
     _save(sim_dir, state)
     if private:
         _spawn_reaper(sim_dir)
@@ -366,7 +400,8 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
         progress(f"kubelet nodes: network for {len(nodes)} node(s) on bridge {state.bridge} ({state.gateway}/24)")
         _network_up(state, nodes)
         for n in nodes:
-            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), tars, timeout)
+            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), (gpus or {}).get(n.name, 0),
+                        tars, timeout)
             _save(sim_dir, state)
             progress(f"kubelet node {n.name}: containerd and kubelet started ({n.ip(state.subnet)})")
     except BaseException:
@@ -375,7 +410,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     return state
 
 
-def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str],
+def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str], gpus: int,
                 tars: list[tuple[Path, str]], timeout: float) -> None:
     from . import images
 
@@ -386,6 +421,14 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     for rel, content in files.items():
         (var_lib / rel).parent.mkdir(parents=True, exist_ok=True)
         (var_lib / rel).write_text(content)
+    # the GPUs' device nodes, where the device plugin's device specs (PASS_DEVICE_SPECS, NVIDIA_DEV_ROOT) point:
+    # the runtime makes them in a container that is allocated them, and NVIDIA's mock NVML shows a process
+    # only the GPUs whose /dev/nvidia<N> exist (engine.go, detectVisibleDevices). They live in the node's folder.
+    dev = var_lib / Path(DEV_ROOT).relative_to("/var/lib") / "dev"
+    for i in range(gpus):
+        dev.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mknod(dev / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
     (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(cni_config(n)))
     (etc / "containerd.toml").write_text(containerd_config(etc / "cni", images.PAUSE))
     (etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(n, state, Path(sim_dir) / "pki" / "ca.crt")))
@@ -405,6 +448,11 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
               timeout, f"containerd of kubelet node {n.name}", root / "logs" / "containerd.log", containerd)
     for tar, _ in tars:
         _sh(*ctr, "-n", "k8s.io", "images", "import", str(tar))
+    # the suites' placeholder pods name the upstream pause image; the nodes reach no registry, so it is ours
+    from ..suite import PAUSE_IMAGE
+
+    if PAUSE_IMAGE != images.PAUSE:
+        _sh(*ctr, "-n", "k8s.io", "images", "tag", "--force", images.PAUSE, PAUSE_IMAGE)
     args = [str(kubelet), f"--config={etc / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig}",
             f"--hostname-override={n.name}", f"--node-ip={n.ip(state.subnet)}", "--v=1"]
     if n.labels:
@@ -416,10 +464,10 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     state.pids[f"{n.name}/kubelet"] = proc.pid
 
 
-def _spawn(log: Path, preexec: Callable[[], None], *cmd: str) -> subprocess.Popen:
+def _spawn(log: Path, preexec: Callable[[], None], *cmd: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=preexec)
+                                start_new_session=True, preexec_fn=preexec, env=env)
 
 
 def _wait_for(ready: Callable[[], bool], timeout: float, what: str, log: Path, proc: subprocess.Popen) -> None:
@@ -479,7 +527,11 @@ def _kill_all(state: State, timeout: float = 30.0) -> None:
 
 NVIDIA_NODE_LABEL = "gpuproof.dev/nvidia-node"          # where the NVIDIA DaemonSets run (gpuproof's own label)
 PLUGIN_NAMESPACE = "nvidia-device-plugin"
+NFD_NAMESPACE = "node-feature-discovery"
+GFD_ACCOUNT = "nvidia-device-plugin-service-account"   # as NVIDIA's chart names it
 NODE_FILES = "gpuproof"                                  # under the node's /var/lib: its mock NVML and plugin config
+DEV_ROOT = f"/var/lib/{NODE_FILES}/driver"               # the node's /dev/nvidia<N> are under <DEV_ROOT>/dev
+NVIDIA_MAJOR = 195                                       # the major number of NVIDIA's /dev/nvidia<N>
 
 
 def fleet_nodes(fleet) -> list[tuple[Node, object]]:
@@ -497,38 +549,109 @@ def fleet_nodes(fleet) -> list[tuple[Node, object]]:
 
 
 def node_files(sw, fleet, node: Node, pool) -> dict[str, str]:
-    """What NVIDIA's software on a GPU node reads: the node's mock NVML config and the pool's plugin config."""
+    """What NVIDIA's software on a GPU node reads: the node's mock NVML config, the pool's plugin config and
+    the machine's product name (GFD's ``gpu.machine``; a real node's ``/sys/class/dmi/id/product_name``)."""
     from .gpunodes import mock_config, plugin_config
 
     return {f"{NODE_FILES}/mock-nvml.yaml": yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}"),
                                                            sort_keys=False),
-            f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False)}
+            f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False),
+            f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
+
+
+def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], **spec) -> dict:
+    """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files (mock NVML config, plugin
+    config) from /etc/gpuproof."""
+    labels = {"app.kubernetes.io/name": app}
+    container = {"image": container.pop("image"), "imagePullPolicy": "Never", **container}
+    container["env"] = [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"}, *container.get("env", [])]
+    container["volumeMounts"] = [*container.get("volumeMounts", []),
+                                 {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]
+    volumes = [*volumes, {"name": "node-files", "hostPath": {"path": f"/var/lib/{NODE_FILES}", "type": "Directory"}}]
+    return {
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": PLUGIN_NAMESPACE, "labels": labels},
+        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+            "nodeSelector": {NVIDIA_NODE_LABEL: "true"}, "priorityClassName": "system-node-critical",
+            "tolerations": [{"operator": "Exists"}], **spec, "containers": [container], "volumes": volumes}}},
+    }
 
 
 def device_plugin_daemonset(image: str) -> dict:
     """NVIDIA's device plugin as its chart runs it, over the node's mock NVML and the pool's config file."""
-    labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
-    host = {"hostPath": {"path": f"/var/lib/{NODE_FILES}", "type": "Directory"}}
-    return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": PLUGIN_NAMESPACE, "labels": labels},
-        "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
-            "nodeSelector": {NVIDIA_NODE_LABEL: "true"}, "priorityClassName": "system-node-critical",
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{
-                "name": "nvidia-device-plugin-ctr", "image": image, "imagePullPolicy": "Never",
-                "command": ["/usr/bin/nvidia-device-plugin", "--config-file=/etc/gpuproof/device-plugin-config.yaml"],
-                "env": [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"}],
-                "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"},
-                                 {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]}],
-            "volumes": [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}},
-                        {"name": "node-files", **host}]}}},
-    }
+    return _nvidia_daemonset("nvidia-device-plugin-daemonset", "nvidia-device-plugin", {
+        "name": "nvidia-device-plugin-ctr", "image": image,
+        "command": ["/usr/bin/nvidia-device-plugin", "--config-file=/etc/gpuproof/device-plugin-config.yaml"],
+        # device specs for the GPUs it allocates, so a container sees only those (containerd 1.6: no CDI, no NRI)
+        "env": [{"name": "PASS_DEVICE_SPECS", "value": "true"}, {"name": "NVIDIA_DEV_ROOT", "value": DEV_ROOT}],
+        "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"}]},
+        [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}])
+
+
+def gfd_daemonset(image: str) -> dict:
+    """NVIDIA's GPU Feature Discovery as its chart runs it: it writes the node's labels into a NodeFeature
+    object (``--use-node-feature-api``), which NFD's master turns into the node's labels."""
+    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    return _nvidia_daemonset("nvidia-device-plugin-gpu-feature-discovery", "gpu-feature-discovery", {
+        "name": "gpu-feature-discovery-ctr", "image": image,
+        "command": ["/usr/bin/gpu-feature-discovery", "--use-node-feature-api",
+                    "--config-file=/etc/gpuproof/device-plugin-config.yaml",
+                    "--machine-type-file=/etc/gpuproof/machine-type"],
+        "env": [{"name": "NODE_NAME", **field("spec.nodeName")}, {"name": "NAMESPACE", **field("metadata.namespace")},
+                {"name": "POD_NAME", **field("metadata.name")}]}, [], serviceAccountName=GFD_ACCOUNT)
+
+
+def gfd_rbac() -> list[dict]:
+    """GFD's service account and role, as NVIDIA's chart writes them (``role.yml``, ``role-binding.yml``)."""
+    role = f"{GFD_ACCOUNT}-role"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": GFD_ACCOUNT, "namespace": PLUGIN_NAMESPACE}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role}, "rules": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],
+             "verbs": ["get", "list", "watch", "create", "update"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+         "subjects": [{"kind": "ServiceAccount", "name": GFD_ACCOUNT, "namespace": PLUGIN_NAMESPACE}]}]
+
+
+def _create(client, manifests: list[dict]) -> None:
+    """Create the objects; one already there (from an earlier fleet) is kept."""
+    from kubernetes import utils as k8s_utils
+
+    for m in manifests:
+        try:
+            k8s_utils.create_from_dict(client.api, m)
+        except k8s_utils.FailToCreateError as exc:
+            if any(e.status != 409 for e in exc.api_exceptions):
+                raise ControlPlaneError(f"kubelet nodes: creating {m['kind']} {m['metadata']['name']}: "
+                                        f"{exc.api_exceptions[0].reason}") from None
+
+
+def _start_nfd_master(sim_dir: Path, state: State, folder: Path, client) -> None:
+    """NFD's master on the host, as the cluster's admin (like the control plane): it labels nodes from the
+    NodeFeature objects GFD writes. It runs in the cluster's cgroup, so :func:`stop` ends it."""
+    import socket
+
+    _create(client, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NFD_NAMESPACE}},
+                     *yaml.safe_load_all((folder / Path(NFD_CRDS).name).read_text())])
+    with socket.socket() as s:                         # its metrics/health port, on the host
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _make_cgroup(state, "nfd-master")
+    proc = _spawn(state_dir(sim_dir) / "nfd-master.log", _join_cgroup(state, "nfd-master"),
+                  str(folder / "nfd-master"), f"-kubeconfig={Path(sim_dir) / 'kubeconfig'}", f"-port={port}",
+                  # the node it says it runs on (it stamps its version there): the cluster's first kubelet node
+                  env={**os.environ, "KUBERNETES_NAMESPACE": NFD_NAMESPACE, "NODE_NAME": state.nodes[0]})
+    state.pids["nfd-master"] = proc.pid
+    _save(sim_dir, state)
 
 
 def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quiet, timeout: float = 180.0,
          private: bool = False) -> None:
-    """Replace the previous fleet's kubelet nodes with this fleet's, and run NVIDIA's device plugin on them.
+    """Replace the previous fleet's kubelet nodes with this fleet's, and run NVIDIA's device plugin and GFD
+    (with NFD's master) on them.
 
     Without what kubelet nodes need (root, cgroups, containerd ...), the kubelet pools are left out in one
     line and the kwok pools work as before.
@@ -549,37 +672,42 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         return
     t0 = time.monotonic()
     gpu = [(n, p) for n, p in wanted if p.gpu is not None]
-    files, image = {}, ""
+    files, image, nfd = {}, "", None
     if gpu:
         from . import images, nvidia
 
         sw = nvidia.locate(progress=progress)
+        nfd = nfd_master(progress)
         files = {n.name: node_files(sw, fleet, n, p) for n, p in gpu}
         image = images.nvidia_image(sw)
-    start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout, private=private,
-          extra_images=[image] if image else [])
+    service = client.core.read_namespaced_service("kubernetes", "default").spec.cluster_ip
+    state = start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout,
+                  private=private, extra_images=[image] if image else [], api_service=service,
+                  gpus={n.name: p.gpu.count for n, p in gpu})
     client.wait_nodes_ready([n.name for n, _ in wanted], timeout=timeout)
     if gpu:
-        with contextlib.suppress(ApiException):          # 409: there from an earlier fleet
-            client.core.create_namespace({"metadata": {"name": PLUGIN_NAMESPACE}})
-        with contextlib.suppress(ApiException):
-            client.apps.delete_namespaced_daemon_set("nvidia-device-plugin-daemonset", PLUGIN_NAMESPACE)
-        client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, device_plugin_daemonset(image[1]))
-        _wait_advertised(client, {n.name for n, _ in gpu}, timeout)
+        _start_nfd_master(sim_dir, state, nfd, client)
+        _create(client, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLUGIN_NAMESPACE}},
+                         *gfd_rbac()])
+        for ds in (device_plugin_daemonset(image[1]), gfd_daemonset(image[1])):
+            with contextlib.suppress(ApiException):
+                client.apps.delete_namespaced_daemon_set(ds["metadata"]["name"], PLUGIN_NAMESPACE)
+            client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, ds)
+        _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout)
     progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"
-             + (f"; NVIDIA's device plugin advertises GPUs on {len(gpu)}" if gpu else ""))
+             + (f"; NVIDIA's device plugin and GFD advertise and label GPUs on {len(gpu)}" if gpu else ""))
 
 
-def _wait_advertised(client, names: set[str], timeout: float) -> None:
+def _wait_gpu_nodes(client, names: set[str], timeout: float) -> None:
+    """Until every GPU node has the device plugin's resources and GFD's labels (through NFD's master)."""
     from ..cluster import watch_until
 
-    def advertised(cache: dict) -> bool:
-        return all(any(k.startswith("nvidia.com/") and v not in ("0", 0)
-                       for k, v in ((cache[n].status.allocatable or {}) if n in cache else {}).items())
-                   for n in names)
+    def done(node) -> bool:
+        return "nvidia.com/gpu.product" in (node.metadata.labels or {}) and \
+            any(k.startswith("nvidia.com/") and v not in ("0", 0) for k, v in (node.status.allocatable or {}).items())
 
-    watch_until(client.core.list_node, advertised, timeout,
-                f"NVIDIA's device plugin to advertise GPUs on {len(names)} kubelet node(s)")
+    watch_until(client.core.list_node, lambda cache: all(n in cache and done(cache[n]) for n in names), timeout,
+                f"NVIDIA's device plugin to advertise GPUs and GFD's labels on {len(names)} kubelet node(s)")
 
 
 # ---------------------------------------------------------------------------- the reaper
