@@ -6,13 +6,16 @@
 #
 #   ./setup.sh                 Python env + control plane
 #   ./setup.sh --with-browser  also Debian's chromium (the report tests render HTML in it)
+#   ./setup.sh --with-aiperf   also NVIDIA's AIPerf in .venv-aiperf (the load client's parity tests)
 set -euo pipefail
 cd "$(dirname "$0")"
 with_browser=0
+with_aiperf=0
 for arg in "$@"; do
   case "$arg" in
     --with-browser) with_browser=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --with-aiperf) with_aiperf=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -28,6 +31,13 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 echo "[setup] installing gpuproof[bench] and its dependencies into .venv (torch is large the first time)"
 .venv/bin/python -m pip install -q -e '.[bench]'
+
+if [ "$with_aiperf" = 1 ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
+  # NVIDIA's AIPerf, for the load client's parity tests, in a venv of its own: its pins would downgrade .venv's
+  echo "[setup] installing aiperf 0.13.0 into .venv-aiperf (the inference parity tests compare against it)"
+  "$PY" -m venv .venv-aiperf
+  .venv-aiperf/bin/python -m pip install -q 'aiperf==0.13.0' tokenizers
+fi
 
 if [ "$with_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "[setup] installing chromium (Debian package) for the report tests"

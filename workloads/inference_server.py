@@ -15,7 +15,9 @@ Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
 - ``GET /health`` and ``GET /healthz``: 200 once the model is loaded and warmed up, 503 before.
 - ``GET /metrics``: JSON counters for the client's capacity search: process CPU seconds,
   the engine's forward (model) and busy seconds, summed per-request handler CPU, queue
-  and model time, tokens, and the NVML samples' GPU utilization so far. A client takes
+  and model time, tokens, the NVML samples' GPU utilization so far, and how full the
+  engine is: ``running`` and ``waiting`` now, ``max_batch`` (its batch slots) and the
+  running/waiting requests summed over time (``engine.running_s``/``waiting_s``). A client takes
   two readings and divides the differences (see ``loadgen.py``).
 
 The model's size comes from ``--model`` (a preset; ``auto`` = sized from the GPU's
@@ -100,6 +102,7 @@ def metrics(srv: Server) -> dict:
         **counts,
         "waiting": waiting,
         "running": running,
+        "max_batch": eng.model.slots if eng else None,
         "engine": eng.snapshot() if eng else {},
         "gpu": gpu_util_so_far(srv.sampler),
     }

@@ -17,6 +17,10 @@ serving it loads a GPU the way serving a real LLM does.
 The engine times itself: ``forward_s`` (wall time inside prefill/decode forward passes,
 synchronised on CUDA: the model's compute), ``busy_s`` (wall time inside steps: forward
 plus the scheduler's own Python), and per request the share of forward time it was part of.
+It also keeps how full it was: ``running_s`` and ``waiting_s``, the running (batch slots
+used) and waiting requests summed over the steps' wall time, so that two readings give the
+mean of each between them. A loop that is never idle ("busy 100%") with 2 of 16 slots used
+and nobody waiting has room; one with every slot used and a queue has none.
 
 Greedy decoding. Token 0 is end-of-sequence: a request stops on it unless it asked for
 ``ignore_eos`` (or has not reached ``min_tokens``); with random weights it is rare.
@@ -221,7 +225,7 @@ class Engine:
         self.lock = threading.Lock()          # guards the counters below
         self.counters = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "forward_s": 0.0, "busy_s": 0.0,
                          "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "batch_rows": 0,
-                         "max_batch_seen": 0}
+                         "max_batch_seen": 0, "running_s": 0.0, "waiting_s": 0.0}
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> "Engine":
@@ -282,6 +286,7 @@ class Engine:
                 break
             t_step = time.perf_counter()
             fwd = 0.0
+            running = len(self.running) + len(admitted)
             try:
                 # prefill the admitted prompts, equal lengths together
                 by_len: dict[int, list[Request]] = {}
@@ -333,6 +338,8 @@ class Engine:
                 self.counters["steps"] += 1
                 self.counters["forward_s"] += fwd
                 self.counters["busy_s"] += busy
+                self.counters["running_s"] += running * busy
+                self.counters["waiting_s"] += len(self.waiting) * busy
         for r in self.running + self.waiting:
             r.error = "server stopping"
             self._finish(r, time.perf_counter())

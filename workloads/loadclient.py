@@ -1,5 +1,7 @@
-"""What the load client knows about itself: the CPU it may use, when a load step measured the
-client instead of the server, and how many locust workers a target rate needs.
+"""The rules ``loadgen.py`` judges every load step by: the CPU the client may use, when a step
+measured the client instead of the server (below), how many locust workers a rate needs,
+whether the server kept pace with the offered rate (:func:`pace`), how full the server was
+(:func:`gpuproof_headroom`, :func:`prom_gauges`) and what bound a failing step (:func:`classify`).
 
 Standard library only and no locust import, so gpuproof (``gpuproof/loadpods.py``) and
 tests import it as plain code; ``loadgen.py`` applies it to every step.
@@ -12,8 +14,9 @@ server, was the limit:
   core at most; less when its cgroup quota (a pod's CPU limit) or its CPU affinity allows
   less: ``usable = min(1, quota, CPUs in the affinity mask)``. 90 % is also the level at
   which locust itself warns that it may be constraining the throughput;
-- **rate with flat latency**: the achieved rate fell short of the offered one by more than
-  the step's rate tolerance, errors do not explain the shortfall, and the server's latency
+- **rate with flat latency**: the client's sends (``sent_rps``: requests sent per second of
+  sending) fell short of the offered rate by more than the step's rate tolerance, errors do
+  not explain the shortfall, and the server's latency
   stayed flat: its median is within ``FLAT_FACTOR`` (2x) of the idle latency (plus
   ``FLAT_SLACK_MS``). A server at its limit queues, so its latency grows; a shortfall
   without that growth means the client did not send on time (too few users, a starved or
@@ -31,12 +34,15 @@ from __future__ import annotations
 
 import math
 import os
+from bisect import bisect_right
+from statistics import fmean as mean
 
 CPU_SATURATION = 0.90   # share of the usable CPU at which a load process counts as saturated
 FLAT_FACTOR = 2.0       # server latency p50 within this factor of the idle latency is "flat"
 FLAT_SLACK_MS = 20.0    # ... plus this much, so that millisecond jitter on a fast endpoint is flat too
 HEADROOM = 0.7          # size workers to run at most this share of their per-core rate at the target
 MAX_WORKERS = 16
+PACE_SLACK = 2          # answers a step's pace window may be short by whatever the rate (those at its edges)
 
 
 def cgroup_cpu_quota() -> float | None:
@@ -73,7 +79,7 @@ def step_validity(step: dict, idle: dict | None, *, rate_tolerance: float, max_e
                   flat_slack_ms: float = FLAT_SLACK_MS) -> tuple[bool, str | None]:
     """``(valid, reason)`` of one load step (see the module doc).
 
-    ``step`` needs ``offered_rps``, ``achieved_rps``, ``sent``, ``failed`` (sent and failed) and
+    ``step`` needs ``offered_rps``, ``sent_rps``, ``sent``, ``failed`` (sent and failed) and
     ``client.processes`` (each with ``cpu`` = CPU seconds per wall second and ``cores`` = usable
     cores) and, for the rate rule, ``server_latency_p50_ms`` or ``ttft_p50_ms``; ``idle`` the idle
     latency (``server_ms``, ``ttft_ms``).
@@ -91,8 +97,8 @@ def step_validity(step: dict, idle: dict | None, *, rate_tolerance: float, max_e
     missing = (step.get("client") or {}).get("missing_workers") or []
     if missing:
         return False, f"client incomplete: worker(s) {', '.join(map(str, missing))} did not report this step"
-    offered, achieved = step["offered_rps"], step["achieved_rps"]
-    if achieved >= offered * (1 - rate_tolerance):
+    offered, sent_rps = step["offered_rps"], step["sent_rps"]
+    if sent_rps >= offered * (1 - rate_tolerance):
         return True, None
     sent = step.get("sent") or 0
     failed = step["failed"] if step.get("failed") is not None else step.get("errors") or 0
@@ -102,7 +108,7 @@ def step_validity(step: dict, idle: dict | None, *, rate_tolerance: float, max_e
     if now is None or base is None:
         return True, None
     if now <= base * flat_factor + flat_slack_ms:
-        return False, (f"client could not keep the rate: achieved {achieved:.3g} < offered {offered:.3g} req/s "
+        return False, (f"client could not keep the rate: sent {sent_rps:.3g} < offered {offered:.3g} req/s "
                        f"while {what} stayed flat (p50 {now:.1f} ms, idle {base:.1f} ms)")
     return True, None
 
@@ -117,7 +123,9 @@ def latency_pair(step: dict, idle: dict | None) -> tuple[float | None, float | N
 
 def size_workers(target_rps: float, per_core_rps: float, headroom: float = HEADROOM,
                  max_workers: int = MAX_WORKERS) -> dict:
-    """Locust workers (one core each) for ``target_rps``: ceil(target / (per-core rate x headroom))."""
+    """Locust workers for ``target_rps``: ceil(target / (rate one worker sends x headroom)). The rate
+    comes from a calibration (requests per CPU-second on one core) or, during a search, from the CPU
+    a worker spent per request in the previous step (its usable cores / CPU seconds per request)."""
     if target_rps <= 0 or per_core_rps <= 0 or not 0 < headroom <= 1 or max_workers < 1:
         raise ValueError("target_rps and per_core_rps must be > 0, 0 < headroom <= 1, max_workers >= 1")
     needed = max(1, math.ceil(target_rps / (per_core_rps * headroom) - 1e-9))
@@ -126,3 +134,149 @@ def size_workers(target_rps: float, per_core_rps: float, headroom: float = HEADR
             "max_workers": max_workers,
             "rule": f"ceil({target_rps:g} / ({per_core_rps:.4g} x {headroom:g})) = {needed}"
                     + (f", capped at {max_workers}" if needed > max_workers else "")}
+
+
+# how full a server is, from the Prometheus gauges of the servers that publish them (summed over
+# label sets): requests running (batch slots used), requests waiting, share of the KV cache used
+PROM_GAUGES = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "tgi_batch_current_size"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "tgi_queue_size"),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+}
+
+
+def prom_gauges(text: str) -> dict:
+    """``{"running": x, "waiting": y, "kv_cache_usage": z, "names": [...]}`` from Prometheus text
+    (each key only when the server publishes one of its names)."""
+    wanted = {name: key for key, names in PROM_GAUGES.items() for name in names}
+    out: dict = {}
+    seen = set()
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = wanted.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        out[key] = out.get(key, 0.0) + value
+        seen.add(name)
+    if out:
+        out["names"] = sorted(seen)
+    return out
+
+
+def prom_headroom(samples: list[dict]) -> dict | None:
+    if not samples:
+        return None
+
+    def series(key):
+        return [s[key] for s in samples if key in s]
+
+    running, waiting, kv = series("running"), series("waiting"), series("kv_cache_usage")
+    return {"source": "prometheus " + ",".join(samples[-1].get("names", [])), "samples": len(samples),
+            "running_mean": mean(running) if running else None,
+            "running_max": max(running) if running else None, "max_batch": None, "slots_used": None,
+            "waiting_mean": mean(waiting) if waiting else None,
+            "waiting_max": max(waiting) if waiting else None,
+            "waiting_growth": waiting[-1] - waiting[0] if waiting else None,
+            "kv_cache_usage_mean": mean(kv) if kv else None, "kv_cache_usage_max": max(kv) if kv else None}
+
+
+def gpuproof_headroom(m0: dict | None, m1: dict | None) -> dict | None:
+    """How full gpuproof's server was between two /metrics readings: mean running requests against
+    its batch slots, mean waiting requests, and the queue then and now."""
+    if not m0 or not m1 or "running_s" not in (m1.get("engine") or {}):
+        return None
+    dw = m1["wall_s"] - m0["wall_s"]
+    if dw <= 0:
+        return None
+    e0, e1 = m0["engine"], m1["engine"]
+    running = (e1["running_s"] - e0.get("running_s", 0.0)) / dw
+    slots = m1.get("max_batch")
+    return {"source": "gpuproof /metrics", "running_mean": running, "running_max": None, "max_batch": slots,
+            "slots_used": running / slots if slots else None,
+            "waiting_mean": (e1["waiting_s"] - e0.get("waiting_s", 0.0)) / dw, "waiting_max": None,
+            "waiting_growth": m1.get("waiting", 0) - m0.get("waiting", 0),
+            "kv_cache_usage_mean": None, "kv_cache_usage_max": None}
+
+
+def headroom_text(room: dict | None) -> str:
+    """'2.4 of 16 batch slots used, 0.0 waiting' (what a user reads beside "busy")."""
+    if not room:
+        return "how full it was: not reported"
+    parts = []
+    if room.get("running_mean") is not None:
+        parts.append(f"{room['running_mean']:.1f} of {room['max_batch']} batch slots used" if room.get("max_batch")
+                     else f"{room['running_mean']:.1f} requests running")
+    if room.get("kv_cache_usage_mean") is not None:
+        parts.append(f"KV cache {room['kv_cache_usage_mean']:.0%} used")
+    if room.get("waiting_mean") is not None:
+        parts.append(f"{room['waiting_mean']:.1f} waiting")
+    return ", ".join(parts) or "how full it was: not reported"
+
+
+def is_full(room: dict | None, threshold: float) -> bool:
+    """The server had no room: batch slots (or KV cache) used at ``threshold`` or more, or a queue."""
+    if not room:
+        return False
+    return ((room.get("slots_used") or 0.0) >= threshold or (room.get("kv_cache_usage_mean") or 0.0) >= threshold
+            or (room.get("waiting_mean") or 0.0) >= 1.0)
+
+
+def pace(sends: list[float], ended: list[float], answered: list[float], t0: float, span: float,
+         rate: float, tolerance: float) -> dict:
+    """Whether the answers kept pace with the sends, over the second half of the sending.
+
+    By then the requests of the first half have come back (loadgen makes a step last several
+    times the server's latency, see ``Runner.step_length``), so a server that keeps up
+    completes requests as fast as they are offered and holds a steady number in flight; one that
+    cannot serves its own rate and the queue grows by the difference. The two are one fact:
+    completions in the window = offered x window - growth. ``slack`` allows ``PACE_SLACK`` requests
+    (or ``tolerance`` of the window's offer, when more) for answers that straddle its edges."""
+    mid, end = t0 + span / 2, t0 + span
+
+    def in_flight(t):
+        return bisect_right(sends, t) - bisect_right(ended, t)
+
+    window = end - mid
+    done = bisect_right(answered, end) - bisect_right(answered, mid)
+    expected = rate * window
+    slack = max(PACE_SLACK, tolerance * expected)
+    return {"window_s": window, "completion_rps": done / window, "in_flight_mid": in_flight(mid),
+            "in_flight_end": in_flight(end), "queue_growth": in_flight(end) - in_flight(mid),
+            "keeps_pace": expected - done <= slack, "shortfall": expected - done, "slack": slack}
+
+
+def classify(step: dict, threshold: float) -> tuple[str, str]:
+    """What bound a failing valid step: 'client', 'device' or 'server' (see loadgen's doc), and why.
+    (A saturated client was already caught by :func:`step_validity`.) Busy alone is never
+    saturation: a loop never idle with most of its batch slots free has room."""
+    srv = step.get("server") or {}
+    room = step.get("headroom")
+    full = is_full(room, threshold) or step.get("keeps_pace") is False
+    fullness = headroom_text(room)
+    gpu = srv.get("gpu_util_pct")
+    busy = max(srv.get("cpu_util") or 0.0, srv.get("engine_busy") or 0.0)
+    behind = (f"completions {step['completion_rps']:.3g} < offered {step['offered_rps']:.3g} req/s, "
+              if step.get("keeps_pace") is False else "")
+    if gpu is not None and gpu >= threshold * 100 and full:
+        return "device", f"GPU busy {gpu:.0f}% (NVML) and the server full: {behind}{fullness}"
+    if srv and busy >= threshold and full:
+        return "server", (f"server saturated: {behind}busy {busy:.0%} (process CPU {srv.get('cpu_util') or 0:.0%} "
+                          f"of its budget, engine loop busy {srv.get('engine_busy') or 0:.0%}), {fullness}")
+    late = step.get("late_fraction") or 0.0
+    if late > 0.1 or step["sent_rps"] < step["offered_rps"] * 0.9 and step["errors"] == 0:
+        return "client", (f"sends ran late ({late:.0%} late, p95 lag {step.get('schedule_lag_p95_ms') or 0:.0f} ms, "
+                          f"{step.get('starved_fraction') or 0:.0%} waited for a free user) while the server "
+                          f"was {'busy ' + format(busy, '.0%') + ', ' + fullness if srv else 'not reporting'}")
+    if step.get("keeps_pace") is False:
+        return "server", (f"completions fell behind the sends ({step['completion_rps']:.3g} < {step['offered_rps']:.3g} "
+                          f"req/s) with the client on schedule; {fullness}")
+    if not srv and not room:
+        return "server", "SLO missed with the client on schedule; the endpoint reports no metrics"
+    return "server", (f"SLO missed with the client on schedule and the server not full ({fullness}"
+                      + (f", busy {busy:.0%}" if srv else "") + ")")

@@ -7,34 +7,62 @@ output lengths are fixed and seeded (``--input-tokens`` words, ``max_tokens`` wi
 ``ignore_eos``/``min_tokens`` so servers that honor them generate exactly that many).
 
 A step offers a rate for ``--step-s`` seconds (open loop, see locustfile.py) and then
-waits for the answers (at most ``--drain-s``). It meets the SLO when at least
-``--slo-attainment`` of its requests meet every SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``),
-no more than ``--max-error-rate`` fail, and the achieved rate (answered requests per
-second of sending) is within ``--rate-tolerance`` of the offered one.
-Goodput = requests meeting every SLO per second.
+waits for the answers (at most ``--drain-s``). Each step records four rates
+(``throughput_definitions`` in the result):
 
-Every step records the offered and the achieved rate, the CPU of every process that sent
-(``client.processes``: CPU seconds per wall second and the cores it may use), the
-schedule lag, and ``valid``: a step where the client was the limit (its CPU at
-``--client-cpu-threshold`` of what it may use, or the achieved rate short of the offered
-one while the server's latency stayed flat; see ``loadclient.py``) has ``valid: false``
-and ``invalid_reason``. An invalid step is never a capacity and never the server's limit.
+- ``offered_rps``: what the schedule offered;
+- ``sent_rps``: requests sent per second of sending (the client keeping its schedule);
+- ``served_rps``: answered requests / first request sent to last answer received, AIPerf's
+  request throughput. Past saturation it is what the server served, not what was offered;
+- ``completion_rps``: answers per second over the second half of the sending, and
+  ``queue_growth``: requests in flight at its end minus at its start.
+
+A step **passes** when the server kept pace and met the SLOs: its completions over the
+second half fell short of the offered rate by no more than ``--rate-tolerance`` (or 2
+requests; the queue did not grow), at least ``--slo-attainment`` of its requests met every
+SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``) and no more than ``--max-error-rate`` failed.
+A step whose completions fall behind its sends is overloaded even with no errors and every
+SLO met inside it. Why the second half: by then the first answers are back, so a server
+that keeps up holds a steady number of requests in flight while one that cannot lets them
+pile up by (offered - served) per second. For that the step must last several times the
+server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
+latency of the earlier steps that kept pace, whichever is longer (``step_s_rule``); a step
+whose first answers (those sent in its first quarter) took longer than half of it has
+``pace_judged: false`` and passes or fails on its SLOs and errors alone.
+Goodput = requests meeting every SLO per second of the served span.
+
+Every step also records the CPU of every process that sent (``client.processes``: CPU
+seconds per wall second and the cores it may use; ``client_cpu_per_request_ms``), the
+schedule lag, how full the server was (``headroom``: mean requests running against its
+batch slots, mean waiting, KV cache used, from gpuproof's /metrics or a Prometheus
+/metrics of vLLM, SGLang or TGI read every ``--metrics-interval-s``) beside how busy it was
+(``server``), and ``valid``: a step where the client was the limit (its CPU at
+``--client-cpu-threshold`` of what it may use, or its sends short of the offered rate while
+the server's latency stayed flat; see ``loadclient.py``) has ``valid: false``,
+``client_bound: true`` and ``invalid_reason``. An invalid step is never a capacity and never
+the server's limit.
 
 ``--rates LO:HI`` (default) searches for the capacity: the offered rate goes LO,
-LO*``--ramp-factor``, ... up to HI until a step fails or is invalid, then
-``--bisect-steps`` steps bisect (geometrically) between the last passing and the first
-failing rate (an invalid step ends the bisection). ``--rates a,b,c`` runs exactly those
-rates. The capacity is the highest valid passing rate, and what bound it is judged on the
-lowest failing step, in this order:
+LO*``--ramp-factor``, ... up to HI until a step fails or is invalid, then up to
+``--bisect-steps`` more steps narrow the bracket (an invalid step ends the search). A step
+that failed because the server fell behind says what the server can serve: the next probe
+is just below its completion rate, and nothing above that rate (plus the tolerance) is
+tried again; otherwise the bracket is bisected geometrically, until
+failing/passing <= 1 + ``--precision``. ``--rates a,b,c`` runs exactly those rates.
+The capacity is the highest valid passing rate, reported with the rate the server completed
+there (``capacity_completion_rps``) and what it served when overloaded (``saturation_rps``).
+What bound it is judged on the lowest failing step, in this order; "busy" alone is never
+saturation (a loop that never idles with most batch slots free has room):
 
 - ``client``: the step is invalid (above), or the signals below do not point at the
   server and the sends ran late against the schedule;
 - ``device``: the GPU was busy (NVML utilization, from the server's ``/metrics``) at least
-  ``--busy-threshold``;
-- ``server``: the server's process was busy: CPU time per wall second over its CPU budget
-  (one core on a GPU, torch's threads on the CPU), or its engine loop never idle, at
-  least ``--busy-threshold``; an endpoint without gpuproof's ``/metrics`` that fails the
-  SLO with the client keeping up is also ``server``;
+  ``--busy-threshold`` and the server was full (slots or KV cache used at that share, a
+  queue, or completions behind the sends);
+- ``server``: the server's process busy (CPU time per wall second over its CPU budget, or
+  its engine loop never idle) at least ``--busy-threshold`` and full; or completions behind
+  the sends with the client on schedule; or the SLO missed with the client on schedule
+  (the reason then says how full the server was);
 - ``offered-range``: no step failed; the search ran out of range.
 
 Only ``device`` and ``server`` give ``capacity_rps``; ``client`` and ``offered-range``
@@ -47,7 +75,11 @@ and CPU to the master after each step. ``--workers auto`` first measures this cl
 rate per CPU-second against a local stand-in endpoint with answers of the same shape
 (``loadstub.py``, tokens streamed 1 ms apart, ``--calibrate-s``) and sizes
 N = ceil(target / (per-core rate x ``--headroom``)), the target being ``--target-rps`` or
-the top of ``--rates``.
+the top of ``--rates``. That is the first guess: before every later step the workers are
+sized again from the CPU the sending processes actually spent per request in the previous
+step (idle time included) and more local workers are started when the next rate needs them
+(``client_sizing`` in the step; ``short: true`` when they could not be: ``--max-workers``,
+or worker pods started elsewhere).
 ``--calibrate-only`` prints just that measurement. In a cluster (``gpuproof/loadpods.py``)
 the master runs with ``--master --expect-workers N`` and N worker pods run ``--worker
 --master-host H``. A run is bounded by ``--max-steps``, ``--max-duration-s`` and
@@ -86,6 +118,14 @@ BOUNDS = ("device", "server", "client", "offered-range")
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_PROMPTS = 64
 CLUSTER_MASTER_PORT = 5557
+PACE_FACTOR = 4.0     # a step sends for at least this many times the server's latency (see Runner.step_length)
+THROUGHPUTS = {
+    "offered_rps": "the rate the step's schedule offered",
+    "sent_rps": "requests sent / the sending span (the client keeping its schedule)",
+    "served_rps": "answered requests / first request sent to last answer received (AIPerf's request throughput)",
+    "completion_rps": "answers per second over the second half of the sending (the server keeping pace)",
+}
+EPOCH_OFFSET = time.time() - time.perf_counter()   # perf_counter -> Unix time, for the records
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -111,16 +151,62 @@ def served_model(base: str) -> str:
     return data[0].get("id", "") if data else ""
 
 
-def server_metrics(base: str, path: str) -> dict | None:
-    """gpuproof's JSON /metrics, or None (another server: Prometheus text, 404, ...)."""
+def probe_metrics(base: str, path: str) -> tuple[str | None, dict | None]:
+    """What the endpoint's metrics path serves: ("gpuproof", its JSON), ("prometheus", the gauges
+    of :data:`PROM_GAUGES` it has: vLLM, SGLang, TGI), or (None, None)."""
     if not path:
-        return None
+        return None, None
     try:
         code, body = _get(base + path, timeout=5.0)
-        m = json.loads(body) if code == 200 else None
-    except (ValueError, OSError):
-        return None
-    return m if isinstance(m, dict) and "process_cpu_s" in m else None
+    except OSError:
+        return None, None
+    if code != 200:
+        return None, None
+    try:
+        m = json.loads(body)
+    except ValueError:
+        gauges = loadclient.prom_gauges(body.decode(errors="replace"))
+        return ("prometheus", gauges) if gauges else (None, None)
+    return ("gpuproof", m) if isinstance(m, dict) and "process_cpu_s" in m else (None, None)
+
+
+def server_metrics(base: str, path: str) -> dict | None:
+    """gpuproof's JSON /metrics, or None (another server: Prometheus text, 404, ...)."""
+    kind, m = probe_metrics(base, path)
+    return m if kind == "gpuproof" else None
+
+
+class GaugeSampler:
+    """Reads a Prometheus endpoint's gauges every ``interval`` seconds during a step (a greenlet of
+    this process): gauges say how full the server is now, so a step needs samples, not two readings."""
+
+    def __init__(self, url: str, interval: float):
+        self.url, self.interval = url, interval
+        self.samples: list[dict] = []
+        self.stop_event = Event()
+        self.greenlet = gevent.spawn(self._run)
+
+    def _read(self) -> None:
+        try:
+            code, body = _get(self.url, timeout=max(1.0, self.interval))
+        except OSError:
+            return
+        if code == 200:
+            g = loadclient.prom_gauges(body.decode(errors="replace"))
+            if g:
+                self.samples.append(g)
+
+    def _run(self) -> None:
+        self._read()
+        while not self.stop_event.wait(self.interval):   # the sampling period, not a wait for a condition
+            self._read()
+
+    def stop(self) -> dict | None:
+        """Stop sampling; the headroom over the samples (see :func:`headroom`)."""
+        self.stop_event.set()
+        self.greenlet.join(timeout=10)
+        self._read()
+        return loadclient.prom_headroom(self.samples)
 
 
 def _cpu_s() -> float:
@@ -142,7 +228,8 @@ def _server_ms(timing: dict | None) -> float | None:
 
 
 def server_side(m0: dict | None, m1: dict | None) -> dict | None:
-    """The server's busy fractions and per-request time split between two /metrics readings."""
+    """The server's busy fractions, how full it was, and the per-request time split between two
+    gpuproof /metrics readings."""
     if not m0 or not m1:
         return None
     dw = m1["wall_s"] - m0["wall_s"]
@@ -178,9 +265,13 @@ def server_side(m0: dict | None, m1: dict | None) -> dict | None:
 def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: list[dict], args) -> dict:
     """The statistics of one step from its requests' records."""
     ok = [r for r in recs if r["ok"]]
-    last_send = max((r["sent"] for r in recs), default=t0)
-    span = max(step_s, last_send - t0 + 1.0 / rate)          # how long sending took
-    last_done = max((r["sent"] + r["e2e_s"] for r in ok), default=t0 + step_s)
+    sends = sorted(r["sent"] for r in recs)
+    ended = sorted(r["sent"] + r["e2e_s"] for r in recs if r["e2e_s"] is not None)
+    answered = sorted(r["sent"] + r["e2e_s"] for r in ok)
+    span = max(step_s, sends[-1] - t0 + 1.0 / rate) if sends else step_s      # how long sending took
+    first_send = sends[0] if sends else t0
+    # AIPerf's benchmark duration: the first request sent to the last answer received
+    served_span = answered[-1] - first_send if answered else None
     ttft = [r["ttft_s"] for r in ok]
     tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
     itl = [g for r in ok for g in r["itl_s"]]
@@ -195,8 +286,15 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
     for r in recs:
         codes[str(r["code"])] = codes.get(str(r["code"]), 0) + 1
     out_tokens = sum(r["tokens"] for r in ok)
+    kept = loadclient.pace(sends, ended, answered, t0, span, rate, args.rate_tolerance)
+    # how long the first answers took (those sent in the first quarter: little queue yet, even
+    # when overloaded): the pace is judged only when its window starts after they came back
+    early = [r["e2e_s"] for r in ok if r["sent"] <= t0 + span / 4]
+    fill = common.percentile(early, 50) if early else None
+    judged = fill is not None and fill <= span / 2
     row = {
         "step": idx,
+        "step_s": step_s,
         "offered_rps": rate,
         "requests": n,
         "sent": len(recs),
@@ -205,11 +303,20 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         "error_rate": errors / n if n else None,
         "failed": len(recs) - len(ok),          # sent and answered with an error (errors also count unsent)
         "send_span_s": span,
-        "achieved_rps": len(ok) / span,
-        "goodput_rps": len(good) / span,
+        "sent_rps": len(recs) / span,
+        "served_span_s": served_span,
+        "served_rps": len(ok) / served_span if served_span else 0.0,
+        "first_send_epoch": first_send + EPOCH_OFFSET,
+        "last_answer_epoch": answered[-1] + EPOCH_OFFSET if answered else None,
+        **{k: kept[k] for k in ("completion_rps", "queue_growth", "in_flight_mid", "in_flight_end")},
+        "pace_window_s": kept["window_s"],
+        "fill_latency_s": fill,
+        "pace_judged": judged,
+        "keeps_pace": kept["keeps_pace"] if judged else None,
+        "goodput_rps": len(good) / served_span if served_span else 0.0,
         "slo_attainment": len(good) / n if n else None,
         "output_tokens": out_tokens,
-        "output_tokens_per_s": out_tokens / max(step_s, last_done - t0),
+        "output_tokens_per_s": out_tokens / served_span if served_span else 0.0,
         "mean_output_tokens": out_tokens / len(ok) if ok else None,
         **_pcts(ttft, "ttft"), **_pcts(tpot, "tpot"), **_pcts(itl, "itl"), **_pcts(e2e, "e2e"),
         "server_latency_p50_ms": common.percentile(srv_ms, 50) if srv_ms else None,
@@ -228,32 +335,12 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         reasons.append(f"error rate {row['error_rate']:.2f} > {args.max_error_rate:g}")
     if row["slo_attainment"] is not None and row["slo_attainment"] < args.slo_attainment:
         reasons.append(f"{row['slo_attainment']:.0%} of requests met the SLOs (< {args.slo_attainment:.0%})")
-    if row["achieved_rps"] < rate * (1 - args.rate_tolerance):
-        reasons.append(f"achieved {row['achieved_rps']:.3g} req/s < offered {rate:.3g}")
+    if row["keeps_pace"] is False:
+        reasons.append(f"overloaded: completions {row['completion_rps']:.3g} req/s < offered {rate:.3g} over the "
+                       f"step's second half, {row['queue_growth']} more requests in flight at its end")
     row["slo_met"] = not reasons
     row["fail_reasons"] = reasons
     return row
-
-
-def classify(step: dict, threshold: float) -> tuple[str, str]:
-    """What bound a failing valid step: 'client', 'device' or 'server' (see the module doc), and why.
-    (A saturated client was already caught by ``loadclient.step_validity``.)"""
-    srv = step.get("server") or {}
-    gpu = srv.get("gpu_util_pct")
-    if gpu is not None and gpu >= threshold * 100:
-        return "device", f"GPU busy {gpu:.0f}% (NVML)"
-    busy = max(srv.get("cpu_util") or 0.0, srv.get("engine_busy") or 0.0)
-    if srv and busy >= threshold:
-        return "server", (f"server busy {busy:.0%} (process CPU {srv.get('cpu_util') or 0:.0%} of its budget, "
-                          f"engine loop busy {srv.get('engine_busy') or 0:.0%})")
-    late = step.get("late_fraction") or 0.0
-    if late > 0.1 or step["achieved_rps"] < step["offered_rps"] * 0.9 and step["errors"] == 0:
-        return "client", (f"sends ran late ({late:.0%} late, p95 lag {step.get('schedule_lag_p95_ms') or 0:.0f} ms, "
-                          f"{step.get('starved_fraction') or 0:.0%} waited for a free user) while the server "
-                          f"was {'busy ' + format(busy, '.0%') if srv else 'not reporting'}")
-    if not srv:
-        return "server", "SLO missed with the client on schedule; the endpoint reports no gpuproof /metrics"
-    return "server", f"SLO missed with the client on schedule and nothing saturated (server busy {busy:.0%})"
 
 
 def idle_latency(base: str, n: int, timeout: float = 120.0) -> dict:
@@ -314,12 +401,7 @@ def _run_share(idx: int, rate: float, step_s: float, drain_s: float, lead_s: flo
                share: tuple[int, int] = (0, 1)) -> tuple[float, list[dict]]:
     """Send this process's share of one step; wait for its answers (at most ``drain_s``)."""
     t0 = PLAN.begin_step(idx, rate, step_s, lead_s=lead_s, share=share)
-    n = len(PLAN.due)
-    deadline = t0 + step_s + drain_s
-    while time.perf_counter() < deadline:
-        if PLAN.next_ticket >= n and PLAN.done.get(idx, 0) >= n:
-            break
-        gevent.sleep(0.02)
+    PLAN.step_done.wait(timeout=max(0.0, t0 + step_s + drain_s - time.perf_counter()))
     PLAN.end_step()
     return t0, _collect(idx)
 
@@ -338,6 +420,7 @@ class LocalSender:
     """Sends from this process (locust's LocalRunner)."""
 
     mode = "local"
+    grows = False
 
     def __init__(self, args, base: str):
         self.args = args
@@ -350,12 +433,12 @@ class LocalSender:
         self.runner.start(users, spawn_rate=max(100.0, float(users)))
         _wait(lambda: self.runner.user_count >= users, 60, f"{users} locust users to start")
 
-    def run_step(self, idx: int, rate: float) -> dict:
+    def run_step(self, idx: int, rate: float, step_s: float) -> dict:
         a = self.args
         cpu0, w0 = _cpu_s(), time.perf_counter()
-        t0, recs = _run_share(idx, rate, a.step_s, a.drain_s, lead_s=0.05)
+        t0, recs = _run_share(idx, rate, step_s, a.drain_s, lead_s=0.05)
         cpu1, w1 = _cpu_s(), time.perf_counter()
-        return {"t0": t0, "n": max(1, round(rate * a.step_s)), "records": recs, "wall_s": w1 - w0,
+        return {"t0": t0, "n": max(1, round(rate * step_s)), "records": recs, "wall_s": w1 - w0,
                 "processes": [_proc("local", 0, cpu1 - cpu0, w1 - w0, self.cores, recs)], "missing": []}
 
     def cpu_warning(self) -> bool:
@@ -390,15 +473,30 @@ class MasterSender:
         self.runner.register_message("gp_step_done", self._on_done)
         self.local: list[tuple[subprocess.Popen, str]] = []
         self.tmp = tempfile.TemporaryDirectory(prefix="gpuproof-loadgen-") if spawn_local else None
-        if spawn_local:
-            for i in range(workers):
-                out = os.path.join(self.tmp.name, f"worker{i}")
-                cmd = [sys.executable, os.path.join(HERE, "loadgen.py"), "--worker", "--master-host", "127.0.0.1",
-                       "--master-port", str(self.port)]
-                with open(out + ".out", "w") as so, open(out + ".err", "w") as se:
-                    self.local.append((subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL), out))
+        self.grows = spawn_local          # local workers: more can be started between steps
+        self.cfg: dict | None = None
+        self.configured: set[str] = set()
+        for i in range(workers if spawn_local else 0):
+            self._spawn(i)
         common.log(f"locust master on {bind_host}:{self.port}, expecting {workers} workers"
                    + (" (started here)" if spawn_local else ""))
+
+    def _spawn(self, i: int) -> None:
+        out = os.path.join(self.tmp.name, f"worker{i}")
+        cmd = [sys.executable, os.path.join(HERE, "loadgen.py"), "--worker", "--master-host", "127.0.0.1",
+               "--master-port", str(self.port)]
+        with open(out + ".out", "w") as so, open(out + ".err", "w") as se:
+            self.local.append((subprocess.Popen(cmd, stdout=so, stderr=se, stdin=subprocess.DEVNULL), out))
+
+    def grow(self, workers: int, users: int) -> None:
+        """Start local workers up to ``workers`` (between steps); locust spreads the users over them."""
+        for i in range(self.workers, workers):
+            self._spawn(i)
+        self.workers = workers
+        self.wait_workers(self.args.wait_workers_s)
+        self.configure(self.cfg)
+        _wait(lambda: self.runner.user_count >= users and len(self.runner.clients.running) >= workers, 60,
+              f"{users} locust users on {workers} workers")
 
     def _on_hello(self, environment, msg, **kw) -> None:
         self.hello[msg.node_id] = msg.data
@@ -431,15 +529,18 @@ class MasterSender:
             gevent.sleep(0.05)
 
     def configure(self, cfg: dict) -> None:
-        for cid in sorted(self.hello):
+        """Tell the workers that have not heard it yet what to send."""
+        self.cfg = cfg
+        for cid in sorted(set(self.hello) - self.configured):
             self.runner.send_message("gp_config", cfg, client_id=cid)
+            self.configured.add(cid)
 
     def start(self, users: int) -> None:
         self.runner.start(users, spawn_rate=max(100.0, float(users)))
         _wait(lambda: self.runner.user_count >= users, 60,
               f"{users} locust users to start on {self.workers} workers (started: {self.runner.user_count})")
 
-    def run_step(self, idx: int, rate: float) -> dict:
+    def run_step(self, idx: int, rate: float, step_s: float) -> dict:
         a = self.args
         ids = sorted(self.hello)
         self.all_in.clear()
@@ -448,9 +549,9 @@ class MasterSender:
         lead = 0.25
         t0 = time.perf_counter() + lead
         for i, cid in enumerate(ids):
-            self.runner.send_message("gp_step", {"step": idx, "rate": rate, "step_s": a.step_s, "drain_s": a.drain_s,
+            self.runner.send_message("gp_step", {"step": idx, "rate": rate, "step_s": step_s, "drain_s": a.drain_s,
                                                  "lead_s": lead, "index": i, "of": len(ids)}, client_id=cid)
-        self.all_in.wait(timeout=max(0.0, t0 + a.step_s + a.drain_s + 15.0 - time.perf_counter()))
+        self.all_in.wait(timeout=max(0.0, t0 + step_s + a.drain_s + 15.0 - time.perf_counter()))
         cpu1, w1 = _cpu_s(), time.perf_counter()
         got = self.reports.pop(idx, {})
         recs: list[dict] = []
@@ -466,7 +567,7 @@ class MasterSender:
             recs += d["records"]
             procs.append(_proc("worker", i, d["cpu_s"], d["wall_s"], {"cores": d["cores"]}, d["records"],
                                pid=d["pid"], host=d["host"]))
-        return {"t0": t0, "n": max(1, round(rate * a.step_s)), "records": recs, "wall_s": w1 - w0,
+        return {"t0": t0, "n": max(1, round(rate * step_s)), "records": recs, "wall_s": w1 - w0,
                 "processes": procs, "missing": missing}
 
     def cpu_warning(self) -> bool:
@@ -589,7 +690,7 @@ def calibrate(seconds: float, users: int, token_gap_ms: float = 1.0, warm_s: flo
     stub_req = s1["requests"] - s0["requests"]
     return {
         "per_core_rps": done / cpu, "requests": done, "window_s": wall, "client_cpu_s": cpu,
-        "client_cpu": cpu / wall, "achieved_rps": done / wall, "errors": errors, "users": users,
+        "client_cpu": cpu / wall, "answered_rps": done / wall, "errors": errors, "users": users,
         "max_tokens": PLAN.max_tokens, "token_gap_ms": token_gap_ms,
         "endpoint": "loadstub.py on 127.0.0.1 (same answer shape, no compute)",
         "stub_cpu": (s1["cpu_s"] - s0["cpu_s"]) / wall, "stub_requests": stub_req,
@@ -623,9 +724,11 @@ def build_parser():
                    help="LO:HI searches for the capacity in that range (default 1:1024); a,b,c runs those rates")
     p.add_argument("--ramp-factor", type=float, default=2.0, help="ramp: next rate = rate x this (default 2)")
     p.add_argument("--bisect-steps", type=int, default=3, help="bisection steps after the ramp (default 3)")
-    p.add_argument("--precision", type=float, default=0.1,
-                   help="stop bisecting when failing/passing rate <= 1 + this (default 0.1)")
-    p.add_argument("--step-s", type=float, default=15.0, help="seconds of sending per step (default 15)")
+    p.add_argument("--precision", type=float, default=0.05,
+                   help="stop bisecting when failing/passing rate <= 1 + this (default 0.05)")
+    p.add_argument("--step-s", type=float, default=15.0,
+                   help=f"seconds of sending per step at least (default 15; longer when {PACE_FACTOR:g}x the server's "
+                        "latency is longer, so that a growing queue shows)")
     p.add_argument("--drain-s", type=float, default=60.0,
                    help="after a step's last send, wait at most this long for its answers (default 60)")
     p.add_argument("--input-tokens", type=int, default=512, help="prompt length in words ~ tokens (default 512)")
@@ -637,8 +740,9 @@ def build_parser():
     p.add_argument("--slo-attainment", type=float, default=0.95,
                    help="share of a step's requests that must meet every SLO (default 0.95)")
     p.add_argument("--max-error-rate", type=float, default=0.0, help="errors a passing step may have (default 0)")
-    p.add_argument("--rate-tolerance", type=float, default=0.1,
-                   help="a step fails when achieved < offered x (1 - this) (default 0.1)")
+    p.add_argument("--rate-tolerance", type=float, default=0.05,
+                   help="a step fails when its completions fall short of the offered rate by more than this share "
+                        "(or the client's sends do: then the step is invalid) (default 0.05)")
     p.add_argument("--busy-threshold", type=float, default=0.75,
                    help="GPU or server busy fraction that counts as saturated (default 0.75)")
     p.add_argument("--client-cpu-threshold", type=float, default=loadclient.CPU_SATURATION,
@@ -657,6 +761,8 @@ def build_parser():
     p.add_argument("--health-path", default="/v1/models", help="readiness path polled first (default /v1/models)")
     p.add_argument("--metrics-path", default="/metrics",
                    help="gpuproof's JSON metrics path on the server ('' = do not ask; default /metrics)")
+    p.add_argument("--metrics-interval-s", type=float, default=1.0,
+                   help="a Prometheus /metrics (vLLM, SGLang, TGI) is read this often during a step (default 1)")
     p.add_argument("--wait-ready", type=float, default=120.0, help="seconds to wait for readiness (default 120)")
     p.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
     g = p.add_argument_group("distributed mode (locust master + workers)")
@@ -713,6 +819,7 @@ class Runner:
         self.steps: list[dict] = []
         self.requests = 0
         self.floor: dict = {"server_ms": None, "ttft_ms": None, "source": "lowest p10 of the steps so far"}
+        self.metrics_kind = probe_metrics(base, args.metrics_path)[0]
         self.t_start = time.perf_counter()
 
     def budget_left(self) -> bool:
@@ -720,19 +827,62 @@ class Runner:
         return (len(self.steps) < a.max_steps and time.perf_counter() - self.t_start < a.max_duration_s
                 and self.requests < a.max_requests)
 
+    def step_length(self) -> tuple[float, str]:
+        """How long the next step sends: ``--step-s``, or ``PACE_FACTOR`` times the longest median
+        latency of the steps so far that kept pace (or passed while too short to tell), when that is
+        longer. Whether the queue grows is read over a step's second half, which must start after
+        the first answers are back and still hold as many answers again (``loadclient.pace``). A
+        failing step's latency is left out: it holds the queue's wait, not the server's time."""
+        a = self.args
+        lat = [s["e2e_p50_ms"] / 1e3 if s.get("keeps_pace") else s["fill_latency_s"] for s in self.steps
+               if s.get("e2e_p50_ms") and (s.get("keeps_pace") or not s.get("pace_judged") and s["slo_met"])]
+        need = PACE_FACTOR * max(lat) if lat else 0.0
+        if need > a.step_s:
+            return _round(need), f"{PACE_FACTOR:g} x the median latency {max(lat):.3g}s of an earlier step"
+        return a.step_s, "--step-s"
+
+    def size_senders(self, rate: float) -> dict | None:
+        """The load processes this rate needs, from the CPU they spent per request in the previous
+        step (each process may use its usable cores, see loadclient.usable_cores); more local
+        workers are started when the sender can (``--workers auto``)."""
+        a = self.args
+        prev = self.steps[-1] if self.steps else None
+        per_req = (prev or {}).get("client_cpu_per_request_ms")
+        if not per_req:
+            return None
+        cores = min((p["cores"] for p in prev["client"]["processes"] if p["role"] != "master"), default=1.0)
+        sizing = loadclient.size_workers(rate, cores / (per_req / 1e3), a.headroom, a.max_workers)
+        have = self.sender.workers
+        if sizing["workers"] > have and self.sender.grows:
+            common.log(f"more load processes for {rate:g} req/s: {sizing['rule']} (from the previous step's "
+                       f"{per_req:.2f} ms of client CPU per request); {have} -> {sizing['workers']}")
+            self.sender.grow(sizing["workers"], a.users)
+        return {**sizing, "cpu_per_request_ms": per_req, "cores_per_process": cores, "before": have,
+                "senders": self.sender.workers, "short": sizing["needed"] > self.sender.workers}
+
     def step(self, rate: float) -> dict:
         a, idx = self.args, len(self.steps)
-        m0 = server_metrics(self.base, a.metrics_path)
-        out = self.sender.run_step(idx, rate)
-        m1 = server_metrics(self.base, a.metrics_path)
+        step_s, step_rule = self.step_length()
+        sizing = self.size_senders(rate)
+        m0 = server_metrics(self.base, a.metrics_path) if self.metrics_kind == "gpuproof" else None
+        gauges = (GaugeSampler(self.base + a.metrics_path, a.metrics_interval_s)
+                  if self.metrics_kind == "prometheus" else None)
+        out = self.sender.run_step(idx, rate, step_s)
+        m1 = server_metrics(self.base, a.metrics_path) if self.metrics_kind == "gpuproof" else None
         recs, n, procs = out["records"], out["n"], out["processes"]
         self.requests += len(recs)
-        row = step_stats(idx, rate, a.step_s, out["t0"], n, recs, a)
+        row = step_stats(idx, rate, step_s, out["t0"], n, recs, a)
         senders = [p for p in procs if p["role"] != "master" and p.get("cpu") is not None]
+        cpu_s = sum(p["cpu_s"] for p in senders)
         row.update(
+            step_s_rule=step_rule,
             client_cpu=max((p["cpu"] for p in senders), default=None),
             client_cpu_of_usable=max((p["cpu"] / p["cores"] for p in senders), default=None),
+            client_cpu_s=cpu_s,
+            client_cpu_per_request_ms=cpu_s / len(recs) * 1e3 if recs else None,
+            client_sizing=sizing,
             wall_s=out["wall_s"], unanswered=n - len(recs), server=server_side(m0, m1),
+            headroom=loadclient.gpuproof_headroom(m0, m1) if m0 else gauges.stop() if gauges else None,
             client={"mode": self.sender.mode, "senders": len(senders), "processes": procs,
                     "missing_workers": out["missing"], "cpu_threshold": a.client_cpu_threshold})
         if row["unanswered"]:
@@ -746,22 +896,47 @@ class Runner:
                                               max_error_rate=a.max_error_rate, cpu_threshold=a.client_cpu_threshold,
                                               flat_factor=a.flat_factor)
         if valid and not row["slo_met"]:
-            row["bound_by"], row["bound_reason"] = classify(row, a.busy_threshold)
+            row["bound_by"], row["bound_reason"] = loadclient.classify(row, a.busy_threshold)
             if row["bound_by"] == "client":
                 valid, why = False, f"client-bound: {row['bound_reason']}"
         row["valid"], row["invalid_reason"] = valid, why
         if not valid:
             row["bound_by"], row["bound_reason"] = "client", why
+        row["client_bound"] = not valid
         self.steps.append(row)
         srv = row["server"] or {}
-        common.log(f"step {idx}: offered {rate:g} req/s, achieved {row['achieved_rps']:.3g}, TTFT p99 "
-                   f"{row['ttft_p99_ms'] or 0:.0f} ms, TPOT p99 {row['tpot_p99_ms'] or 0:.1f} ms, "
-                   f"{row['output_tokens_per_s']:.0f} tok/s, client CPU {row['client_cpu'] or 0:.0%} "
-                   f"({len(senders)} sender(s)), lag p95 {row['schedule_lag_p95_ms'] or 0:.0f} ms, server busy "
-                   f"{srv.get('engine_busy', 0):.0%}: "
+        common.log(f"step {idx}: offered {rate:g} req/s for {step_s:g}s, sent {row['sent_rps']:.3g}, served "
+                   f"{row['served_rps']:.3g} (completions {row['completion_rps']:.3g} in the second half, queue "
+                   f"{row['queue_growth']:+d}), TTFT p99 {row['ttft_p99_ms'] or 0:.0f} ms, TPOT p99 "
+                   f"{row['tpot_p99_ms'] or 0:.1f} ms, {row['output_tokens_per_s']:.0f} tok/s, client CPU "
+                   f"{row['client_cpu'] or 0:.0%} ({len(senders)} sender(s), "
+                   f"{row['client_cpu_per_request_ms'] or 0:.2f} ms/request), lag p95 "
+                   f"{row['schedule_lag_p95_ms'] or 0:.0f} ms, "
+                   + (f"server busy {srv.get('engine_busy', 0):.0%} " if srv else "")
+                   + f"({loadclient.headroom_text(row['headroom'])}): "
                    + ("INVALID (" + why + ")" if not valid else "SLO met" if row["slo_met"]
                       else f"FAIL ({'; '.join(row['fail_reasons'])}) -> {row['bound_by']}"))
         return row
+
+    def ceiling(self, failing: dict) -> float:
+        """The lowest rate known to fail: the failing step's or, when it failed because the server fell
+        behind, just above what the server completed there (it cannot sustain more than it serves)."""
+        f, c = failing["offered_rps"], failing.get("completion_rps")
+        return min(f, c * (1 + self.args.rate_tolerance)) if failing.get("keeps_pace") is False and c else f
+
+    def next_probe(self, passing: float | None, failing: dict, top: float) -> float | None:
+        """Just below what the failing step's server completed, when that fell short of the offer (it
+        was overloaded, or too slow for the step to tell) and is untried and inside the bracket; else
+        the geometric middle of the bracket."""
+        a = self.args
+        tried = {s["offered_rps"] for s in self.steps}
+        c = failing.get("completion_rps")
+        if failing.get("keeps_pace") is not True and c and c < failing["offered_rps"]:
+            guess = _round(c * (1 - a.rate_tolerance / 2))
+            if (passing or 0.0) < guess < top and guess not in tried:
+                return guess
+        mid = _round(math.sqrt(passing * top) if passing else top / a.ramp_factor)
+        return None if mid in tried or mid >= top or (passing is not None and mid <= passing) else mid
 
     def search(self, mode: str, rates: list[float]) -> tuple[float | None, dict | None]:
         """Returns (highest valid passing rate, lowest failing or invalid step)."""
@@ -793,17 +968,17 @@ class Runner:
         for _ in range(a.bisect_steps):
             if failing is None or not failing["valid"] or not self.budget_left():
                 break
-            f = failing["offered_rps"]
-            if passing is not None and f / passing <= 1 + a.precision:
+            top = self.ceiling(failing)
+            if passing is not None and top / passing <= 1 + a.precision:
                 break
-            mid = _round(math.sqrt(passing * f) if passing else f / a.ramp_factor)
-            if mid in (passing, f):
+            r = self.next_probe(passing, failing, top)
+            if r is None:
                 break
-            s = self.step(mid)
+            s = self.step(r)
             if not s["valid"]:   # the client could not measure this rate: keep what the valid steps found
                 break
             if s["slo_met"]:
-                passing = mid
+                passing = r
             else:
                 failing = s
         return passing, failing
@@ -899,7 +1074,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         workers = int(args.workers)
 
-    distributed = args.master or workers > 1
+    # --workers auto: a master and local workers, so that a step that needs more of them can have them
+    distributed = args.master or workers > 1 or args.workers == "auto"
     if distributed:
         bind = args.master_bind_host or ("*" if args.master else "127.0.0.1")
         port = args.master_port if args.master_port is not None else (CLUSTER_MASTER_PORT if args.master else 0)
@@ -908,6 +1084,7 @@ def main(argv: list[str] | None = None) -> int:
             if busy:
                 return common.fail_usage(busy)
         sender = MasterSender(args, base, workers, bind, port, spawn_local=not args.master)
+        sender.grows = sender.grows and args.workers == "auto"
         try:
             sender.wait_workers(args.wait_workers_s)
         except (TimeoutError, RuntimeError) as exc:
@@ -943,6 +1120,8 @@ def main(argv: list[str] | None = None) -> int:
     capacity = passing if bound in ("device", "server") else None
     cap_step = next((s for s in run.steps if s["offered_rps"] == passing and s["slo_met"] and s["valid"]), None)
     invalid = [s["step"] for s in run.steps if not s["valid"]]
+    # what the server completed while over capacity: its service rate, whatever was offered
+    overloaded = [s["completion_rps"] for s in run.steps if s["valid"] and s.get("keeps_pace") is False]
     result = common.base_result("loadgen")
     result.update(
         url=base, model=model, mode=mode, rates=rates, ramp_factor=args.ramp_factor,
@@ -952,6 +1131,9 @@ def main(argv: list[str] | None = None) -> int:
         think_ms=args.think_ms, started_epoch=t0_epoch, elapsed_s=time.perf_counter() - run.t_start,
         steps=run.steps,
         capacity_rps=capacity,
+        capacity_completion_rps=cap_step["completion_rps"] if capacity is not None and cap_step else None,
+        saturation_rps=common.median(overloaded) if overloaded else None,
+        throughput_definitions=THROUGHPUTS,
         bound_by=bound,
         bound_reason=why,
         max_passing_rps=passing,
@@ -963,7 +1145,7 @@ def main(argv: list[str] | None = None) -> int:
                        "flat_slack_ms": loadclient.FLAT_SLACK_MS, "rate_tolerance": args.rate_tolerance},
         idle_latency=idle,
         latency_baseline=idle or run.floor,
-        load_client={"mode": sender.mode, "workers": workers, "cores_per_process": cores["cores"],
+        load_client={"mode": sender.mode, "workers": sender.workers, "cores_per_process": cores["cores"],
                      "host_cpus": cores["host_cpus"], "target_rps": target, "calibration": calibration,
                      "sizing": sizing, "master_port": getattr(sender, "port", None), **ended},
         server_metrics=any(s.get("server") for s in run.steps),
@@ -973,7 +1155,11 @@ def main(argv: list[str] | None = None) -> int:
         verdict="pass" if capacity is not None else "inconclusive",
         ok=bool(run.steps) and any(s["ok"] for s in run.steps),
     )
-    common.log(f"capacity {capacity} req/s, bound by {bound}: {why}"
+    common.log(f"capacity {capacity} req/s"
+               + (f" (completing {result['capacity_completion_rps']:.3g} req/s)" if capacity is not None and cap_step
+                  else "")
+               + (f", {result['saturation_rps']:.3g} req/s served when overloaded" if overloaded else "")
+               + f", bound by {bound}: {why}"
                + (f"; invalid steps (client-limited): {invalid}" if invalid else ""))
     common.emit(result)
     return 0 if result["ok"] else 1

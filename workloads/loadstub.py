@@ -12,6 +12,14 @@ compares generators on it.
 One asyncio process on one thread (HTTP/1.1 keep-alive, ``Content-Length`` request bodies).
 ``--token-gap-ms G`` writes each token of a streamed answer on its own, G ms apart, as a
 server does while it generates: the client then reads one event per socket read, not many.
+Known delays, so that a client's figures can be checked against them (``tests/test_aiperf_parity.py``):
+``--ttft-ms T`` writes the first token T ms after the answer starts, and ``--service-rps S``
+is a queue with a fixed service rate: answers start in arrival order, at most S per second
+(answer k starts at max(its arrival, start of k-1 + 1/S)), so past S requests per second the
+stub completes S per second and the rest wait. Every delay is kept on an absolute schedule
+(token k at start + T + (k-1) G), so a late wake-up does not add up over an answer. The
+answer's end (final event, usage, ``[DONE]``) goes with its last token: time per output
+token = G exactly.
 Also: ``GET /`` (2 bytes), ``GET /v1/models``, ``/health``, ``/healthz``, and ``GET /stats``
 (requests served, its own CPU seconds; not counted). ``--port 0 --port-file F`` picks a
 free port; SIGTERM or SIGINT prints the summary (one JSON object) and exits.
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import signal
 import sys
@@ -44,7 +53,8 @@ def _chunk(event: bytes) -> bytes:
 
 def sse_parts(tokens: int, usage: bool, prompt_tokens: int = 0) -> list[bytes]:
     """The streamed answer of ``tokens`` tokens as the pieces a server writes: headers and the
-    first token, then one piece per further token, then the end (final event, usage, [DONE])."""
+    first token, then one piece per further token, the last one with the end (final event,
+    usage, [DONE])."""
     head = b'{"id":"cmpl-stub","object":"text_completion","created":0,"model":"stub",'
     out = [HEAD_SSE]
     for i in range(tokens):
@@ -55,8 +65,10 @@ def sse_parts(tokens: int, usage: bool, prompt_tokens: int = 0) -> list[bytes]:
     if usage:
         out.append(_chunk(head + b'"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
                                  b'"total_tokens":%d}}' % (prompt_tokens, tokens, prompt_tokens + tokens)))
-    end = out[1 + tokens:] + [_chunk(b"[DONE]"), b"0\r\n\r\n"]
-    return [out[0] + out[1]] + out[2:1 + tokens] + [b"".join(end)]
+    end = b"".join(out[1 + tokens:] + [_chunk(b"[DONE]"), b"0\r\n\r\n"])
+    pieces = [out[0] + out[1]] + out[2:1 + tokens]
+    pieces[-1] += end
+    return pieces
 
 
 def sse_answer(tokens: int, usage: bool, prompt_tokens: int = 0) -> bytes:
@@ -71,8 +83,12 @@ def json_answer(obj, status: bytes = b"200 OK") -> bytes:
 
 
 class Stub:
-    def __init__(self, token_gap_s: float = 0.0):
-        self.token_gap_s = token_gap_s
+    def __init__(self, token_gap_s: float = 0.0, ttft_s: float = 0.0, service_rps: float = 0.0):
+        self.token_gap_s, self.ttft_s = token_gap_s, ttft_s
+        self.service_s = 1.0 / service_rps if service_rps > 0 else 0.0
+        self.paced = token_gap_s > 0 or ttft_s > 0 or service_rps > 0
+        self.next_start = 0.0           # the queue: when the next answer may start (loop time)
+        self.answered = 0               # streamed answers written to their end
         self.requests = 0
         self.connections = 0
         self.t0 = time.perf_counter()
@@ -85,8 +101,19 @@ class Stub:
     def summary(self) -> dict:
         wall = time.perf_counter() - self.t0
         cpu = _cpu_s() - self.cpu0
-        return {"requests": self.requests, "connections": self.connections, "wall_s": wall, "cpu_s": cpu,
-                "cpu_per_request_us": cpu / self.requests * 1e6 if self.requests else None}
+        return {"requests": self.requests, "answered": self.answered, "connections": self.connections,
+                "wall_s": wall, "cpu_s": cpu, "cpu_per_request_us": cpu / self.requests * 1e6 if self.requests else None,
+                "ttft_ms": self.ttft_s * 1e3, "token_gap_ms": self.token_gap_s * 1e3,
+                "service_rps": 1.0 / self.service_s if self.service_s else None}
+
+    def start_at(self, arrival: float) -> float:
+        """When an answer that arrived at ``arrival`` (loop time) starts: in arrival order, at most one
+        per service interval."""
+        if not self.service_s:
+            return arrival
+        start = max(arrival, self.next_start)
+        self.next_start = start + self.service_s
+        return start
 
     def answer(self, method: bytes, path: bytes, body: bytes) -> bytes | list[bytes]:
         path = path.split(b"?", 1)[0]
@@ -102,7 +129,7 @@ class Stub:
             if ans is None:
                 tokens, usage, stream = key
                 if stream:
-                    ans = sse_parts(tokens, usage) if self.token_gap_s > 0 else sse_answer(tokens, usage)
+                    ans = sse_parts(tokens, usage) if self.paced else sse_answer(tokens, usage)
                 else:
                     ans = json_answer({"id": "cmpl-stub", "object": "text_completion", "model": "stub",
                                        "choices": [{"index": 0, "text": " w" * tokens, "finish_reason": "length"}],
@@ -126,31 +153,37 @@ class Conn(asyncio.Protocol):
         self.buf = b""
         self.transport = None
         self.paced: asyncio.Task | None = None   # an answer being written token by token
-        self.queue: list = []                     # answers waiting behind it (pipelined requests)
+        self.queue: list = []                     # (answer, its start) waiting behind it (pipelined requests)
 
     def _send(self, answers: list) -> None:
         if self.paced is None and all(isinstance(a, bytes) for a in answers):
             self.transport.write(b"".join(answers))
             return
-        self.queue += answers
+        now = asyncio.get_running_loop().time()
+        self.queue += [(a, self.stub.start_at(now) if isinstance(a, list) else now) for a in answers]
         if self.paced is None:
             self.paced = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        """Write the queued answers in order; a list answer one piece per ``token_gap_s``, as a
-        server streams tokens while it makes them."""
+        """Write the queued answers in order; a list answer piece by piece on its schedule: the first
+        ``ttft_s`` after its start, the next ones ``token_gap_s`` apart, as a server streams tokens
+        while it makes them."""
+        loop = asyncio.get_running_loop()
+        stub = self.stub
         try:
             while self.queue and not self.transport.is_closing():
-                a = self.queue.pop(0)
+                a, start = self.queue.pop(0)
                 if isinstance(a, bytes):
                     self.transport.write(a)
                     continue
                 for i, piece in enumerate(a):
-                    if i:
-                        await asyncio.sleep(self.stub.token_gap_s)
+                    delay = start + stub.ttft_s + i * stub.token_gap_s - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                     if self.transport.is_closing():
                         return
                     self.transport.write(piece)
+                stub.answered += 1
         finally:
             self.paced = None
 
@@ -198,11 +231,16 @@ def build_parser():
     p.add_argument("--duration", type=float, default=0.0, help="exit after this many seconds (default 0: on SIGTERM)")
     p.add_argument("--token-gap-ms", type=float, default=0.0,
                    help="write a streamed answer token by token, this far apart (default 0: in one write)")
+    p.add_argument("--ttft-ms", type=float, default=0.0,
+                   help="write a streamed answer's first token this long after it starts (default 0)")
+    p.add_argument("--service-rps", type=float, default=0.0,
+                   help="start answers in arrival order, at most this many per second: a queue with a fixed "
+                        "service rate (default 0: every answer starts on arrival)")
     return p
 
 
 async def serve(args) -> dict:
-    stub = Stub(args.token_gap_ms / 1e3)
+    stub = Stub(args.token_gap_ms / 1e3, args.ttft_ms / 1e3, args.service_rps)
     loop = asyncio.get_running_loop()
     try:
         server = await loop.create_server(lambda: Conn(stub), args.host, args.port, backlog=1024)
@@ -213,8 +251,6 @@ async def serve(args) -> dict:
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as f:
             f.write(str(port))
-        import os
-
         os.replace(args.port_file + ".tmp", args.port_file)
     common.log(f"loadstub: listening on {args.host}:{port}")
     stop = asyncio.Event()

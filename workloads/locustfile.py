@@ -3,10 +3,12 @@
 Open-loop arrivals on a schedule: a step offers ``rate`` requests/s for ``step_s``
 seconds as ``round(rate * step_s)`` tickets due at ``t0 + i / rate``. A pool of
 users takes the tickets in order; a user that takes a ticket early sleeps until it is
-due, sends the request and reads the streamed answer. Each send's lateness against its
+due, sends the request and reads the streamed answer. A user with no ticket waits on an
+event that ``begin_step`` sets: idle users cost nothing (no polling), whatever their number.
+Each send's lateness against its
 due time (schedule lag) is kept: a send is late when every user was still busy (too few
 users, or a user pausing ``think_s`` after each answer) or the client's event loop was
-too busy to wake up in time. loadgen reports both the offered and the achieved rate.
+too busy to wake up in time. loadgen reports the offered, sent and served rates.
 In locust's distributed mode each of N worker processes takes every N-th ticket of the
 same schedule (``Plan.begin_step(share=...)``), so together they offer the step's rate.
 
@@ -67,7 +69,8 @@ class Plan:
         self.due: list[float] = []          # due times of the current step's tickets
         self.tickets: list[int] = []        # their indexes in the step's whole schedule
         self.next_ticket = 0
-        self.ticket_ready = Event()
+        self.ticket_ready = Event()         # set while the step has tickets nobody took
+        self.step_done = Event()            # set once every ticket of the step has its answer
         self.inflight = 0
         # one dict per request (see InferenceUser.complete)
         self.records: list[dict] = []
@@ -85,7 +88,11 @@ class Plan:
         first, every = share
         self.tickets = list(range(first, total, every))
         self.step, self.due, self.next_ticket = step, [t0 + i / rate for i in self.tickets], 0
-        self.ticket_ready.set()
+        self.step_done.clear()
+        if self.tickets:
+            self.ticket_ready.set()
+        else:       # this worker's share of a short step is empty
+            self.step_done.set()
         return t0
 
     def configure(self, cfg: dict) -> None:
@@ -97,6 +104,12 @@ class Plan:
     def end_step(self) -> None:
         self.due, self.tickets, self.next_ticket = [], [], 0
         self.ticket_ready.clear()
+
+    def finished(self, step: int) -> None:
+        """One request of ``step`` ended (answered or failed); wakes loadgen when it was the step's last."""
+        self.done[step] = self.done.get(step, 0) + 1
+        if step == self.step and self.next_ticket >= len(self.due) and self.done[step] >= len(self.due):
+            self.step_done.set()
 
     def take(self):
         """The next ticket (step, index, due, taken-at) or None when the step has none left."""
@@ -148,7 +161,7 @@ class InferenceUser(FastHttpUser):
     def complete(self):
         ticket = PLAN.take()
         if ticket is None:
-            PLAN.ticket_ready.wait(timeout=0.2)  # idle until loadgen schedules the next step
+            PLAN.ticket_ready.wait()  # asleep until loadgen schedules the next step
             return
         step, index, due, taken = ticket
         delay = due - time.perf_counter()
@@ -164,9 +177,11 @@ class InferenceUser(FastHttpUser):
         except Exception as exc:  # connection errors, malformed streams: a failed request, not a crash
             rec["error"] = rec["error"] or f"{type(exc).__name__}: {exc}"
         finally:
+            if rec["e2e_s"] is None:    # failed: when it ended, so that it leaves the in-flight count
+                rec["e2e_s"] = time.perf_counter() - t0
             PLAN.inflight -= 1
             PLAN.records.append(rec)
-            PLAN.done[step] = PLAN.done.get(step, 0) + 1
+            PLAN.finished(step)
         if PLAN.think_s > 0:
             gevent.sleep(PLAN.think_s)
 

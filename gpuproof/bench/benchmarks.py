@@ -298,7 +298,15 @@ class Inference(Benchmark):
         "output_tokens_per_s": "tokens/s", "goodput_rps": "req/s", "slo_attainment": "ratio",
         "error_rate": "ratio", "requests": "count", "slo_met": "bool", "client_cpu": "ratio",
         "schedule_lag_p95_ms": "ms", "client_cpu_of_usable": "ratio",
+        # offered, sent and served rates (loadgen.THROUGHPUTS); completions over the step's second
+        # half against the offer, and how the requests in flight grew (the server keeping pace)
+        "sent_rps": "req/s", "served_rps": "req/s", "completion_rps": "req/s", "queue_growth": "count",
+        "keeps_pace": "bool", "client_cpu_per_request_ms": "ms", "client_bound": "bool",
     }
+    # how full the server was, beside how busy (gpuproof's /metrics, or vLLM/SGLang/TGI Prometheus gauges)
+    HEADROOM_METRICS = {"running_mean": ("server_running", "count"), "slots_used": ("server_slots_used", "ratio"),
+                        "waiting_mean": ("server_waiting", "count"),
+                        "kv_cache_usage_mean": ("server_kv_cache_used", "ratio")}
     SERVER_METRICS = {"engine_busy": ("server_busy", "ratio"), "overhead_ms": ("server_overhead_ms", "ms"),
                       "model_ms": ("model_ms_per_request", "ms"),
                       "overhead_fraction": ("server_overhead_fraction", "ratio"),
@@ -319,11 +327,17 @@ class Inference(Benchmark):
             # end-to-end latency under the names the report layer plots (p50_ms ... as latency)
             for q in (50, 90, 99):
                 recs.append(self.record(f"p{q}_ms", row.get(f"e2e_p{q}_ms"), "ms", p, node, product))
-            recs.append(self.record("throughput_rps", row.get("achieved_rps"), "req/s", p, node, product))
+            # what the server served: answered requests / first send to last answer (AIPerf's definition)
+            recs.append(self.record("throughput_rps", row.get("served_rps"), "req/s", p, node, product))
             for metric, unit in self.STEP_METRICS.items():
                 recs.append(self.record(metric, row.get(metric), unit, p, node, product))
             for key, (metric, unit) in self.SERVER_METRICS.items():
                 recs.append(self.record(metric, (row.get("server") or {}).get(key), unit, p, node, product))
+            room = row.get("headroom") or {}
+            for key, (metric, unit) in self.HEADROOM_METRICS.items():
+                recs.append(self.record(metric, room.get(key), unit, {**p, "source": room.get("source"),
+                                                                      "max_batch": room.get("max_batch")},
+                                        node, product))
             # a step the client limited (saturated CPU, or short of the offered rate with flat server
             # latency) is marked here and in the report; it is never a capacity
             if "valid" in row:
@@ -347,6 +361,10 @@ class Inference(Benchmark):
             self.record("capacity_rps", load.get("capacity_rps"), "req/s", bound, node, product),
             self.record("bound_by", 1.0 if load.get("bound_by") else None, "flag", bound, node, product),
             self.record("max_passing_rps", load.get("max_passing_rps"), "req/s", bound, node, product),
+            # what the server completed at its capacity, and when offered more than it
+            self.record("capacity_completion_rps", load.get("capacity_completion_rps"), "req/s", bound, node,
+                        product),
+            self.record("saturation_rps", load.get("saturation_rps"), "req/s", bound, node, product),
         ]
         if load.get("capacity_rps") is not None and cap:
             srv = cap.get("server") or {}

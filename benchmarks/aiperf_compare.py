@@ -1,0 +1,378 @@
+"""Figures: gpuproof's load client against NVIDIA's AIPerf on gpuproof's CPU inference server.
+
+One server for the whole run: ``workloads/inference_server.py`` on the CPU, one torch thread,
+pinned to one core (``--server-cpus``), 6 layers x 768 (46M parameters, vocabulary 2048),
+16 batch slots. Both clients are pinned to the other core(s) (``--client-cpus``). Every
+request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
+
+Each round, in this order (rounds alternate which client goes first):
+
+1. gpuproof's capacity search (``loadgen.py --rates 1:16``, TTFT SLO 2 s, TPOT SLO 1 s,
+   20 s steps at least): its capacity, the rate it completed there, and what the server's
+   own /metrics said at the first failing step (busy, forward share, batch slots used,
+   waiting) and at the capacity (overhead per request);
+2. both clients at about 50% of the capacity that round's search found (constant arrivals,
+   ``--under-s`` seconds of sending): TTFT p50, TPOT p50, request latency p50, output
+   tokens per request and per second, and each client's CPU per completed request;
+3. both clients at about 120% of it (``--over-s`` seconds): request throughput, answered
+   requests / first request sent to last answer (AIPerf's definition; gpuproof's
+   ``served_rps``), and the server's own completion rate (its /metrics ``ok`` counter over
+   the saturated middle of the run).
+
+A client's CPU is that of its whole process tree (AIPerf starts a dozen processes, gpuproof's
+loadgen one), read from /proc every 0.2 s by this script and interpolated at the first request
+sent and the last answer received: the load phase only, not start-up or shut-down. gpuproof's
+client runs with its defaults (512 locust users, one process).
+
+The ratios (gpuproof / AIPerf) are per round; the table gives each round and the median.
+
+    .venv/bin/python benchmarks/aiperf_compare.py --aiperf /path/to/venv/bin/aiperf --rounds 3 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ROOT / "workloads"
+sys.path.insert(0, str(ROOT / "tests"))
+
+import aiperf_client  # noqa: E402
+
+PY = sys.executable
+TICK = os.sysconf("SC_CLK_TCK")
+MODEL = ["--model", "cpu", "--layers", "6", "--hidden", "768", "--heads", "12"]   # 46M parameters, vocab 2048
+INPUT_TOKENS, OUTPUT_TOKENS = 128, 64
+SLO = ["--slo-ttft-ms", "2000", "--slo-tpot-ms", "1000"]
+
+
+def tree_cpu_s(pid: int) -> float:
+    """utime + stime of a process and all its descendants (live ones, and those already reaped: cutime)."""
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15]) / TICK
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    stack += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+class Sampler(threading.Thread):
+    """Every ``interval`` s: (wall time, CPU of the client's process tree, the server's answered count)."""
+
+    def __init__(self, pid: int, server: str, interval: float = 0.2):
+        super().__init__(daemon=True)
+        self.pid, self.server, self.interval = pid, server, interval
+        self.rows: list[tuple[float, float, int | None]] = []
+        self.done = threading.Event()
+
+    def run(self):
+        tick = 0
+        while True:   # the server's counter once a second: each read costs it a request
+            self.rows.append((time.time(), tree_cpu_s(self.pid), server_ok(self.server) if tick % 5 == 0 else None))
+            tick += 1
+            if self.done.wait(self.interval):   # the sampling period
+                return
+
+    def cpu_at(self, t: float) -> float:
+        rows = self.rows
+        for (t0, c0, _), (t1, c1, _) in zip(rows, rows[1:]):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c0
+        return rows[0][1] if t < rows[0][0] else rows[-1][1]
+
+    def server_rate(self, t0: float, t1: float) -> float | None:
+        pts = [(t, ok) for t, _, ok in self.rows if t0 <= t <= t1 and ok is not None]
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) if len(pts) > 1 and pts[-1][0] > pts[0][0] else None
+
+
+def server_ok(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            return json.loads(resp.read())["ok"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+PLACEMENT = {"server": (None, 0), "client": (None, 0)}   # role -> (CPUs, nice), from the command line
+
+
+def placed(role: str):
+    """A preexec_fn that pins the process to the role's CPUs and gives it the role's nice value."""
+    cpus, nice = PLACEMENT[role]
+
+    def place():
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        if nice:
+            os.nice(nice)
+    return place
+
+
+def run_client(cmd: list[str], server: str, env: dict | None = None, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=placed("client"))
+    sampler = Sampler(proc.pid, server)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:     # interrupted: the client (and AIPerf's services) go too
+            proc.terminate()
+            proc.communicate(timeout=60)
+        sampler.done.set()
+        sampler.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), sampler
+
+
+def window_figures(sampler: Sampler, first: float, last: float, answered: int) -> dict:
+    cpu = sampler.cpu_at(last) - sampler.cpu_at(first)
+    span = last - first
+    return {"client_cpu_s": cpu, "client_cpu_per_request_ms": cpu / answered * 1e3 if answered else None,
+            "client_cores": cpu / span if span > 0 else None,
+            "server_rps": sampler.server_rate(first + 0.25 * span, last - 0.05 * span)}
+
+
+def loadgen_cmd(url: str, *args: str) -> list[str]:
+    return [PY, str(WORKLOADS / "loadgen.py"), "--url", url, "--input-tokens", str(INPUT_TOKENS),
+            "--output-tokens", str(OUTPUT_TOKENS), *SLO, *args]
+
+
+def gpuproof_fixed(url: str, rate: float, seconds: float) -> dict:
+    """One step of gpuproof's client at ``rate`` for ``seconds`` (the step is not lengthened: one step)."""
+    cp, sampler = run_client(loadgen_cmd(url, "--rates", f"{rate:g}", "--step-s", f"{seconds:g}", "--drain-s", "600"),
+                             url)
+    if cp.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {cp.stderr[-2000:]}")
+    (s,) = json.loads(cp.stdout.splitlines()[-1])["steps"]
+    keys = ("served_rps", "sent_rps", "offered_rps", "completion_rps", "ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms",
+            "output_tokens_per_s", "mean_output_tokens", "ok", "requests", "client_cpu_per_request_ms")
+    row = {k: s[k] for k in keys}
+    row["own_cpu_per_request_ms"] = row.pop("client_cpu_per_request_ms")   # loadgen's own figure (step window)
+    return {**row, **window_figures(sampler, s["first_send_epoch"], s["last_answer_epoch"], s["ok"])}
+
+
+def aiperf_fixed(exe: Path, tokenizer: Path, url: str, rate: float, seconds: float, tmp: str) -> dict:
+    art = Path(tempfile.mkdtemp(prefix="aiperf-", dir=tmp))
+    count = max(1, round(rate * seconds))
+    cp, sampler = run_client(aiperf_client.command(exe, url, "gpuproof-llm", tokenizer, art, rate=rate, count=count,
+                                                   input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS),
+                             url, env=aiperf_client.env())
+    if cp.returncode != 0:
+        raise RuntimeError(f"aiperf failed: {(cp.stdout + cp.stderr)[-2000:]}")
+    s = aiperf_client.summary(art)
+    return {**s, "offered_rps": rate,
+            **window_figures(sampler, s["first_send_epoch"], s["last_answer_epoch"], int(s["requests"] or 0))}
+
+
+def search(url: str) -> dict:
+    cp, _ = run_client(loadgen_cmd(url, "--rates", "1:16", "--step-s", "20", "--drain-s", "300"), url)
+    if cp.returncode != 0:
+        raise RuntimeError(f"loadgen search failed: {cp.stderr[-2000:]}")
+    r = json.loads(cp.stdout.splitlines()[-1])
+    failing = next((s for s in r["steps"] if s["offered_rps"] == r["first_failing_rps"]), None) or {}
+    srv, room = failing.get("server") or {}, failing.get("headroom") or {}
+    cap = (r.get("at_capacity") or {})
+    return {"capacity_rps": r["capacity_rps"], "capacity_completion_rps": r["capacity_completion_rps"],
+            "saturation_rps": r["saturation_rps"], "bound_by": r["bound_by"], "bound_reason": r["bound_reason"],
+            "steps": [(s["offered_rps"], s["step_s"], s["slo_met"], s["valid"]) for s in r["steps"]],
+            "elapsed_s": r["elapsed_s"],
+            "failing_engine_busy": srv.get("engine_busy"), "failing_forward_share": srv.get("forward_share_of_busy"),
+            "failing_slots_used": room.get("slots_used"), "failing_waiting": room.get("waiting_mean"),
+            "failing_client_cpu": failing.get("client_cpu"),
+            "capacity_slots_used": (cap.get("headroom") or {}).get("slots_used"),
+            "capacity_engine_busy": (cap.get("server") or {}).get("engine_busy"),
+            "capacity_overhead_ms": (cap.get("server") or {}).get("overhead_ms"),
+            "capacity_overhead_fraction": (cap.get("server") or {}).get("overhead_fraction"),
+            "capacity_client_cpu_per_request_ms": cap.get("client_cpu_per_request_ms")}
+
+
+def start_server(tmp: str) -> tuple[subprocess.Popen, str]:
+    pf = os.path.join(tmp, "server.port")
+    proc = subprocess.Popen([PY, str(WORKLOADS / "inference_server.py"), "--device", "cpu", "--threads", "1",
+                             *MODEL, "--host", "127.0.0.1", "--port", "0", "--port-file", pf],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=placed("server"))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if os.path.exists(pf) and open(pf).read().strip():
+            url = f"http://127.0.0.1:{open(pf).read().strip()}"
+            if server_ok(url) is not None:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                        if resp.status == 200:
+                            return proc, url
+                except OSError:
+                    pass
+        if proc.poll() is not None:
+            raise RuntimeError("the inference server exited")
+        threading.Event().wait(0.2)   # polling the server's readiness, with a deadline
+    raise TimeoutError("the inference server did not become ready in 300 s")
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def med(values):
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def cpus_arg(text: str) -> set[int] | None:
+    return {int(x) for x in text.split(",")} if text else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--aiperf", default="", help=f"AIPerf's executable (default: ${aiperf_client.ENV_VAR}, "
+                                                "beside this Python, or on PATH)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--under", type=float, default=0.5, help="the low load, x the round's capacity (default 0.5)")
+    p.add_argument("--over", type=float, default=1.2, help="the high load, x the round's capacity (default 1.2)")
+    p.add_argument("--under-s", type=float, default=40.0, help="seconds of sending at the low load (default 40)")
+    p.add_argument("--over-s", type=float, default=60.0, help="seconds of sending at the high load (default 60)")
+    p.add_argument("--server-cpus", default="1", help="CPUs the server is pinned to (default 1; '' = none)")
+    p.add_argument("--client-cpus", default="0", help="CPUs the clients are pinned to (default 0; '' = none)")
+    p.add_argument("--server-nice", type=int, default=0,
+                   help="nice value for the server (default 0; negative needs root, and helps only against "
+                        "processes in the same cgroup)")
+    p.add_argument("--client-nice", type=int, default=0, help="nice value for the clients (default 0)")
+    p.add_argument("--json", default="", help="also write every raw row here")
+    p.add_argument("--from-json", default="", help="only print the tables of an earlier run's --json")
+    args = p.parse_args()
+    if args.from_json:
+        report(json.loads(Path(args.from_json).read_text())["rows"])
+        return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))   # stop the server and the client on the way out
+    if args.aiperf:
+        os.environ[aiperf_client.ENV_VAR] = args.aiperf
+    exe = aiperf_client.find_aiperf()
+    if exe is None:
+        print(f"AIPerf not found: pip install aiperf=={aiperf_client.AIPERF_VERSION} or pass --aiperf",
+              file=sys.stderr)
+        return 2
+    PLACEMENT.update(server=(cpus_arg(args.server_cpus), args.server_nice),
+                     client=(cpus_arg(args.client_cpus), args.client_nice))
+    env = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "machine": platform.machine(),
+           "kernel": platform.release(), "aiperf": aiperf_client.AIPERF_VERSION, "args": vars(args)}
+    print(json.dumps({"env": env}), flush=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="gpuproof-aiperf-") as tmp:
+        tokenizer = aiperf_client.build_tokenizer(exe, Path(tmp) / "tokenizer")
+        server, url = start_server(tmp)
+        try:
+            for rnd in range(args.rounds):
+                found = search(url)
+                row = {"round": rnd, "part": "search", "load_avg_1m": os.getloadavg()[0], **found}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                # this round's capacity: the server's speed moves with a shared machine's load
+                base = found["capacity_rps"] or found["saturation_rps"]
+                rates = {"under": round(base * args.under, 2), "over": round(base * args.over, 2)}
+                print(json.dumps({"round": rnd, "rates": rates, "from": base}), flush=True)
+                order = ("gpuproof", "aiperf") if rnd % 2 == 0 else ("aiperf", "gpuproof")
+                for load, seconds in (("under", args.under_s), ("over", args.over_s)):
+                    for client in order:
+                        if client == "gpuproof":
+                            fig = gpuproof_fixed(url, rates[load], seconds)
+                        else:
+                            fig = aiperf_fixed(exe, tokenizer, url, rates[load], seconds, tmp)
+                        row = {"round": rnd, "part": load, "client": client, "rate": rates[load],
+                               "load_avg_1m": os.getloadavg()[0], **fig}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"env": env, "rows": rows}, indent=1))
+    report(rows)
+    return 0
+
+
+def pick(rows, rnd, part, client=None):
+    return next((r for r in rows if r["round"] == rnd and r["part"] == part
+                 and (client is None or r.get("client") == client)), {})
+
+
+def report(rows: list[dict]) -> None:
+    rounds = sorted({r["round"] for r in rows})
+    lines = []
+    cols = [("request throughput at 120% (req/s)", "over", "served_rps"),
+            ("TTFT p50 at 50% (ms)", "under", "ttft_p50_ms"), ("TPOT p50 at 50% (ms)", "under", "tpot_p50_ms"),
+            ("request latency p50 at 50% (ms)", "under", "e2e_p50_ms"),
+            ("output tokens/s at 50%", "under", "output_tokens_per_s"),
+            ("output tokens per request at 50%", "under", "mean_output_tokens"),
+            ("client CPU per completed request at 50% (ms)", "under", "client_cpu_per_request_ms"),
+            ("client CPU per completed request at 120% (ms)", "over", "client_cpu_per_request_ms")]
+    lines.append("| figure | " + " | ".join(f"round {r + 1}: gpuproof / AIPerf = ratio" for r in rounds)
+                 + " | median ratio |")
+    lines.append("|---|" + "---|" * (len(rounds) + 1))
+    for name, part, key in cols:
+        cells, ratios = [], []
+        for r in rounds:
+            g, a = pick(rows, r, part, "gpuproof").get(key), pick(rows, r, part, "aiperf").get(key)
+            q = ratio(g, a)
+            ratios.append(q)
+            cells.append(f"{g:.4g} / {a:.4g} = {q:.3f}" if q is not None else "n/a")
+        m = med(ratios)
+        lines.append(f"| {name} | " + " | ".join(cells) + (f" | {m:.3f} |" if m is not None else " | n/a |"))
+    cap_cells, cap_ratios = [], []
+    for r in rounds:
+        s, a = pick(rows, r, "search"), pick(rows, r, "over", "aiperf")
+        q = ratio(s.get("capacity_rps"), a.get("served_rps"))
+        cap_ratios.append(q)
+        cap_cells.append(f"{s.get('capacity_rps')} / {a.get('served_rps') or 0:.4g} = {q:.3f}" if q else "n/a")
+    m = med(cap_ratios)
+    lines.append("| capacity search / AIPerf's throughput at 120% | " + " | ".join(cap_cells)
+                 + (f" | {m:.3f} |" if m is not None else " | n/a |"))
+    srv_cells = []
+    for r in rounds:
+        g, a = pick(rows, r, "over", "gpuproof"), pick(rows, r, "over", "aiperf")
+        srv_cells.append(f"{g.get('server_rps') or 0:.3g} / {a.get('server_rps') or 0:.3g}")
+    lines.append("| server's own completions/s at 120% (during gpuproof / AIPerf) | " + " | ".join(srv_cells) + " | |")
+    # the server's speed moves between runs on a shared machine: each client's throughput against what the
+    # server completed in the same run isolates the definition from that
+    own_cells, own_ratios = [], []
+    for r in rounds:
+        g, a = pick(rows, r, "over", "gpuproof"), pick(rows, r, "over", "aiperf")
+        gq, aq = ratio(g.get("served_rps"), g.get("server_rps")), ratio(a.get("served_rps"), a.get("server_rps"))
+        q = ratio(gq, aq)
+        own_ratios.append(q)
+        own_cells.append(f"{gq:.3f} / {aq:.3f} = {q:.3f}" if q else "n/a")
+    m = med(own_ratios)
+    lines.append("| throughput at 120% / the server's own completions in the same run | " + " | ".join(own_cells)
+                 + (f" | {m:.3f} |" if m is not None else " | n/a |"))
+    print("\n".join(lines))
+    print("\nsearches:")
+    for r in rounds:
+        s = pick(rows, r, "search")
+        print(json.dumps({k: s.get(k) for k in ("capacity_rps", "capacity_completion_rps", "saturation_rps",
+                                                 "bound_by", "steps", "elapsed_s", "failing_engine_busy",
+                                                 "failing_forward_share", "failing_slots_used", "failing_waiting",
+                                                 "failing_client_cpu", "capacity_slots_used", "capacity_engine_busy",
+                                                 "capacity_overhead_ms", "capacity_overhead_fraction",
+                                                 "capacity_client_cpu_per_request_ms", "load_avg_1m")}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
