@@ -19,6 +19,7 @@ import pytest
 
 from .results import COVERAGE_FILE  # noqa: F401  (where the rows go)
 
+SIMULATED_REASON = "simulated (kwok): no GPU executes there, and this check needs real GPUs"
 _PENDING = pytest.StashKey[dict]()          # test nodeid (without parameters) -> rows to write when it runs
 
 
@@ -29,7 +30,7 @@ def why_left_out(node, *, places_pods: bool, device_plugin: bool, real_gpus: boo
     if (places_pods or real_gpus) and node.unfit_for_placement:
         return f"cannot take pods: {node.unfit_for_placement}"
     if real_gpus and node.simulated:
-        return "simulated (kwok): no GPU executes there, and this check needs real GPUs"
+        return SIMULATED_REASON
     return ""
 
 

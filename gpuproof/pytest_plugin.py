@@ -309,17 +309,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if kind["real_gpus"] and not candidates:
         real = [f"{r['node']}: {r['reason']}" for r in left_out if not d.node(r["node"]).simulated]
         none = f"no real GPU node can take pods ({'; '.join(real)})" if real else REAL_GPU_REASON
-    else:
-        none = ""
+    elif not d.gpu_nodes:
+        none = "no GPU nodes in the cluster"
+    else:   # nodes of its kind left out (a kwok MIG node for a real-GPU check) are named, with why
+        fit = [f"{r['node']}: {r['reason']}" for r in left_out if select is None or select(d.node(r["node"]))]
+        kind_doc = (getattr(select, "__doc__", "") or "filtered") + (f"; left out: {'; '.join(fit)}" if fit else "")
+        none = f"no GPU node of the kind this check is for ({kind_doc})"
     if "gpu_node" in wanted:
         nodes = [n for n in candidates if select is None or select(n)]
         if nodes:
             metafunc.parametrize("gpu_node", nodes, ids=[n.name for n in nodes])
         else:
-            kind_doc = getattr(select, '__doc__', '') or 'filtered'
-            why = none or ("no GPU nodes in the cluster" if not d.gpu_nodes else
-                           f"no GPU node of the kind this check is for ({kind_doc})")
-            metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=why))], ids=["none"])
+            metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=none))], ids=["none"])
     if "gpu_pool" in wanted:
         pools: dict[str, list] = {}
         for n in candidates:
@@ -328,8 +329,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         if pools:
             metafunc.parametrize("gpu_pool", [Pool(k, v) for k, v in sorted(pools.items())], ids=sorted(pools))
         else:
-            metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(
-                reason=none or "no GPU pools in the cluster"))], ids=["none"])
+            metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(reason=none))], ids=["none"])
     if "gpu_product" in wanted:
         products = sorted({n.product for n in candidates if n.product and (select is None or select(n))})
         if products:
@@ -410,10 +410,27 @@ def scratch(run, target):
     s.close()
 
 
+def real_gpu_skip_reason(params: dict, discovery) -> str:
+    """Why a test that needs real GPUs cannot run ('' when it can). Real and simulated is a fact of each node:
+    a test with a node (``gpu_node``) or pool (``gpu_pool``) of its own is judged by its nodes, one without by
+    the cluster's (every GPU node simulated). Parametrization already offers such tests real nodes only and
+    records the kwok ones it left out (gpuproof.coverage); this holds for a test given its node another way."""
+    node, pool = params.get("gpu_node"), params.get("gpu_pool")
+    nodes = [node] if node is not None else getattr(pool, "nodes", None)
+    if nodes is None:
+        return REAL_GPU_REASON if discovery.simulated else ""
+    if nodes and all(n.simulated for n in nodes):
+        from .coverage import SIMULATED_REASON
+
+        return f"{', '.join(n.name for n in nodes)}: {SIMULATED_REASON}"
+    return ""
+
+
 @pytest.fixture
-def needs_real_gpus(discovery):
-    if discovery.simulated:
-        raise pytest.skip.Exception(REAL_GPU_REASON, _use_item_location=True)
+def needs_real_gpus(request, discovery):
+    why = real_gpu_skip_reason(getattr(getattr(request.node, "callspec", None), "params", {}), discovery)
+    if why:
+        raise pytest.skip.Exception(why, _use_item_location=True)
 
 
 class Checker:

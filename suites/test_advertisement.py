@@ -76,15 +76,20 @@ def test_resource_names_fit_strategy(gpu_node, check):
                     what=f"{GPU_SHARED} on a node that is not time-sliced (sharing-strategy={n.sharing_strategy})")
 
 
-# how the device plugin's pods are named: NVIDIA's chart and the GPU operator, GKE, AKS and EKS add-ons
-PLUGIN_NAMES = ("nvidia-device-plugin", "nvidia-gpu-device-plugin")
-PLUGIN_LABELS = {("app.kubernetes.io/name", "nvidia-device-plugin"), ("app", "nvidia-device-plugin-daemonset"),
-                 ("k8s-app", "nvidia-gpu-device-plugin"), ("name", "nvidia-device-plugin-ds")}
+# How a device-plugin pod is told from GFD's. NVIDIA's chart gives both of its DaemonSets' pods the same labels
+# (app.kubernetes.io/name=nvidia-device-plugin) and names GFD's `<release>-nvidia-device-plugin-gpu-feature-discovery`,
+# so neither the pod's name nor that label says which it is; its container does: the plugin's container in NVIDIA's
+# chart and static manifest (EKS, AKS), the GPU operator and GKE. The app labels only device-plugin pods carry:
+# the GPU operator, GKE, the static manifest.
+PLUGIN_CONTAINERS = {"nvidia-device-plugin-ctr", "nvidia-device-plugin", "nvidia-gpu-device-plugin"}
+PLUGIN_LABELS = {("app", "nvidia-device-plugin-daemonset"), ("k8s-app", "nvidia-gpu-device-plugin"),
+                 ("name", "nvidia-device-plugin-ds")}
 
 
 def _is_device_plugin(p) -> bool:
     labels = p.metadata.labels or {}
-    return any(n in p.metadata.name for n in PLUGIN_NAMES) or any(labels.get(k) == v for k, v in PLUGIN_LABELS)
+    containers = {c.name for c in (p.spec.containers if p.spec else None) or []}
+    return bool(containers & PLUGIN_CONTAINERS) or any(labels.get(k) == v for k, v in PLUGIN_LABELS)
 
 
 @pytest.mark.realcluster
