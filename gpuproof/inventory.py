@@ -22,6 +22,9 @@ from typing import Iterable
 from .discovery import GpuNode, discover
 from .results import utcnow
 
+# labels that change every time their writer runs (GFD stamps the time it labelled): not part of what a
+# node is, so never recorded (two runs of the same cluster must show no difference)
+VOLATILE_LABELS = ("nvidia.com/gfd.timestamp",)
 GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "cloud.google.com/gke-accelerator",
                       "cloud.google.com/gke-gpu", "cloud.google.com/gke-max-shared", "karpenter.k8s.aws/instance-gpu",
                       "kubernetes.azure.com/accelerator")
@@ -67,7 +70,8 @@ def node_entry(node: GpuNode, stack: dict[str, str] | None = None) -> dict:
         "sharing_strategy": node.sharing_strategy,
         "replicas": node.replicas,
         "mig_strategy": node.mig_strategy,
-        "labels": {k: v for k, v in sorted(node.labels.items()) if k.startswith(GPU_LABEL_PREFIXES)},
+        "labels": {k: v for k, v in sorted(node.labels.items())
+                   if k.startswith(GPU_LABEL_PREFIXES) and k not in VOLATILE_LABELS},
         "capacity": dict(sorted(node.capacity.items())),
         "allocatable": dict(sorted(node.allocatable.items())),
         "taints": node.taint_strings(),

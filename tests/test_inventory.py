@@ -47,3 +47,16 @@ def test_upgrade_diff_shows_exactly_the_two_changes():
 
 def test_identical_fleets_have_no_diff():
     assert diff_inventories(_inventory(_mixed()), _inventory(_mixed())) == []
+
+
+def test_gfd_timestamp_is_not_part_of_the_inventory():
+    """GFD stamps each labelling: two runs of one cluster, a minute apart, show no difference."""
+    fleet = parse_fleet(_mixed())
+    nodes = fleet.node_objects()
+    later = copy.deepcopy(nodes)
+    for n in later:
+        if "nvidia.com/gfd.timestamp" in n["metadata"]["labels"]:
+            n["metadata"]["labels"]["nvidia.com/gfd.timestamp"] = "1"
+    first, second = (snapshot_from_nodes(x, cluster="embedded", kubernetes_version="v1.35.4") for x in (nodes, later))
+    assert diff_inventories(first, second) == []
+    assert all("nvidia.com/gfd.timestamp" not in n.get("labels", {}) for n in first["nodes"])
