@@ -44,11 +44,11 @@ import yaml
 from . import catalog
 from . import vocab as d
 from .vocab import KWOK_ANNOTATION
-from .vocab import LABELS_BY, RESOURCES_BY
+from .sim.nvidia import MOCK_MAX_GPUS
+from .vocab import LABELS_BY, NFD_PCI_LABEL, RESOURCES_BY
 from .errors import FleetError
 
 POOL_LABEL = "node.kubernetes.io/instance-type"
-NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 FLEETS_DIR = Path(__file__).parent / "fleets"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -56,7 +56,6 @@ _VERSION = re.compile(r"^\d+(\.\d+){1,2}$")
 _QUANTITY = re.compile(r"^\d+(\.\d+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P)?$")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
-MOCK_MAX_GPUS = 8                    # GPUs one instance of NVIDIA's mock NVML shows
 # failure modes NVIDIA's mock NVML injects into one GPU (engine/config_types.go)
 NVML_FAILURES = ("lost", "fallen_off_bus", "ecc_uncorrectable")
 # how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
@@ -187,12 +186,15 @@ class Pool:
     def mig_enabled(self) -> bool:
         return self.mig is not None and self.mig.enabled
 
+    def faults_for(self, index: int) -> list[Fault]:
+        """The faults that apply to the pool's node ``index`` (those naming it, and those for every node)."""
+        return [f for f in self.faults if f.node is None or f.node == index]
+
     def nvml_failures(self, index: int) -> dict[int, str]:
         """Failures injected into this node's mock NVML (by its faults)."""
         out: dict[int, str] = {}
-        for fault in self.faults:
-            if fault.node is None or fault.node == index:
-                out.update(fault.nvml_failures)
+        for fault in self.faults_for(index):
+            out.update(fault.nvml_failures)
         return out
 
     def needs_nvidia(self) -> bool:
@@ -260,8 +262,9 @@ class Pool:
                 "memory": self.memory,
                 "pods": str(self.pods),
                 "ephemeral-storage": "500Gi",
-                **(view.resources if view else {}),
             }
+            capacity = {**resources, **(view.resources if view else {})}
+            allocatable = {**resources, **(view.allocatable if view else {})}
             gpu_labels = dict(self.provider_labels())
             if self.gpu is not None and self.label_scheme in ("gfd", "openshift"):
                 # NFD's PCI label (the device plugin chart deploys NFD with GFD), then what GFD wrote
@@ -293,8 +296,8 @@ class Pool:
                 },
                 "spec": {"taints": [t.as_dict() for t in self.taints]},
                 "status": {
-                    "capacity": dict(resources),
-                    "allocatable": dict(resources),
+                    "capacity": capacity,
+                    "allocatable": allocatable,
                     "nodeInfo": {
                         "architecture": "amd64",
                         "operatingSystem": "linux",
@@ -312,9 +315,8 @@ class Pool:
             if self.label_scheme == "openshift":
                 node["status"]["nodeInfo"].update({"osImage": "Red Hat Enterprise Linux CoreOS (simulated)",
                                                    "containerRuntimeVersion": "cri-o://1.32.0"})
-            for fault in self.faults:
-                if fault.node is None or fault.node == i:
-                    _apply_fault(node, fault)
+            for fault in self.faults_for(i):
+                _apply_fault(node, fault)
             nodes.append(node)
         return nodes
 
@@ -328,8 +330,7 @@ class Pool:
         out = []
         for i, name in enumerate(self.node_names()):
             devices = dra.gpu_devices(name, self.gpu, self.mig if self.mig_enabled else None)
-            faults = [f for f in self.faults if f.node is None or f.node == i]
-            devices, duplicate = dra_faults_applied(devices, faults)
+            devices, duplicate = dra_faults_applied(devices, self.faults_for(i))
             uid = node_uids.get(name, "")
             if duplicate is None:
                 out.append(dra.resource_slice(name, uid, devices))

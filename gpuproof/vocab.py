@@ -9,6 +9,9 @@ LABELS_BY = "gpuproof.dev/labels-by"
 RESOURCES_BY = "gpuproof.dev/resources-by"
 SLICES_BY = "gpuproof.dev/slices-by"          # which software published the node's ResourceSlices
 
+# NFD's label for a node with an NVIDIA PCI device (GFD's DaemonSet in NVIDIA's chart selects on it)
+NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+
 # simulated nodes: kwok's annotation, and its values ("unmanaged": kwok leaves the node alone, a dead kubelet)
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 SIMULATED = ("fake", "unmanaged")

@@ -3,6 +3,7 @@
 import re
 
 from gpuproof.pytest_plugin import for_nodes
+from gpuproof.vocab import NFD_PCI_LABEL
 
 FEATURE = "labels"
 
@@ -62,7 +63,6 @@ def _gfd_only(node, check, name):
                          f"(product from {node.sources['product']}, count from {node.sources['count']})")
 
 
-NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 
 
 def test_gfd_labelled_where_it_runs(gpu_node, discovery, check):

@@ -90,3 +90,14 @@ def test_more_than_eight_gpus_cannot_be_simulated():
     with pytest.raises(FleetError, match=re.escape("pools[0].gpu.count: the embedded cluster's GPUs are NVIDIA's "
                                                    "mock NVML, which shows at most 8 GPUs per node, got 16")):
         parse_fleet({"pools": [{"name": "x", "gpu": {"product": "NVIDIA-L4", "count": 16}}]})
+
+
+def test_allocatable_is_what_the_plugin_lists_healthy():
+    """The kubelet's rule: capacity counts every device the plugin lists, allocatable its Healthy ones."""
+    record = {"resources": [{"name": "nvidia.com/gpu", "devices": [{"id": "a", "health": "Healthy"},
+                                                                   {"id": "b", "health": "Unhealthy"}]}]}
+    capacity, healthy = gpunodes.advertised(record)
+    assert (capacity, healthy) == ({"nvidia.com/gpu": "2"}, {"nvidia.com/gpu": "1"})
+    view = gpunodes.NodeView(labels={}, labels_by="", resources=capacity, resources_by="", healthy=healthy)
+    assert view.allocatable == {"nvidia.com/gpu": "1"}
+    assert gpunodes.NodeView({}, "", capacity, "").allocatable == capacity        # modelled: no health to read

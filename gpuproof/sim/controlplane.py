@@ -471,8 +471,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
                 continue
             why = outcome.get(name, "")
             by[name] = sw.dra_driver if not why else f"{sw.dra_driver} (published nothing: {why})"
-            faults = [f for f in p.faults if f.node is None or f.node == i]
-            if not why and dradriver.apply_faults(client, name, faults):
+            if not why and dradriver.apply_faults(client, name, p.faults_for(i)):
                 by[name] += f" + {gpunodes.MODEL} (fleet fault in the slice)"
     _parallel(lambda item: client.core.patch_node(item[0], {"metadata": {"annotations": {SLICES_BY: item[1]}}}),
               list(by.items()))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import os
 import re
 import subprocess
 import tempfile
@@ -23,8 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import ControlPlaneError, WaitTimeout
-from .nvidia import DEVICE_CLASS_TEMPLATES, NodeSoftware
+from ..errors import WaitTimeout
+from .nvidia import DEVICE_CLASS_TEMPLATES, NodeSoftware, klog_error
 
 DRIVER = "gpu.nvidia.com"
 PARALLEL = 4          # plugin processes at once (each briefly takes ~100 MB and some CPU)
@@ -64,8 +63,7 @@ def _start(sw: NodeSoftware, kubeconfig: str, node: str, config: Path, work: Pat
     root = _driver_root(sw, work)
     for d in ("cdi", "registrar", "plugins"):
         (work / d).mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_NVML")}
-    env["MOCK_NVML_CONFIG"] = str(config)
+    env = sw.mock_env(config, library_path=False)     # it loads NVML from under the driver root
     cmd = [str(sw.exe("gpu-kubelet-plugin")), f"--kubeconfig={kubeconfig}", f"--node-name={node}",
            f"--container-driver-root={root}", f"--nvidia-driver-root={root}",
            f"--nvidia-cdi-hook-path={work / 'nvidia-cdi-hook'}", "--image-name=gpuproof.dev/sim-dra-driver",
@@ -86,9 +84,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _last_error(work: Path) -> str:
-    lines = (work / "plugin.log").read_text(errors="replace").splitlines()
-    errors = [ln for ln in lines if ln[:1] in "EF"] or lines
-    return errors[-1].split("] ", 1)[-1] if errors else "no output"
+    return klog_error((work / "plugin.log").read_text(errors="replace"))
 
 
 def publish(sw: NodeSoftware, client, kubeconfig: str, nodes: list[tuple[str, dict]], progress=lambda m: None,
@@ -141,7 +137,7 @@ def delete_all(client) -> None:
     """Remove every slice of NVIDIA's driver (the embedded cluster's only) and the chart's classes."""
     from kubernetes.client.exceptions import ApiException
 
-    from ..dra import GROUP, VERSION
+    from ..dra import CLASS_TYPES, GROUP, VERSION
 
     custom = client.custom
     with contextlib.suppress(ApiException):
@@ -149,9 +145,9 @@ def delete_all(client) -> None:
                                                     field_selector=f"spec.driver={DRIVER}")["items"]:
             with contextlib.suppress(ApiException):
                 custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", sl["metadata"]["name"])
-    for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+    for name in CLASS_TYPES:
         with contextlib.suppress(ApiException):
-            client.custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+            custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
 
 
 def apply_faults(client, node: str, faults) -> bool:

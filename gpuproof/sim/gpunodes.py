@@ -41,7 +41,7 @@ import yaml
 
 from ..errors import ControlPlaneError
 from ..vocab import LABELS_BY, RESOURCES_BY
-from .nvidia import NodeSoftware
+from .nvidia import MOCK_MAX_GPUS, NodeSoftware, klog_error
 
 MODEL = "gpuproof model"
 # NVIDIA's mock GPU profile each product family starts from (the values that matter are then set)
@@ -50,8 +50,6 @@ _BASE_PROFILE = {"turing": "t4", "volta": "t4", "ampere": "a100", "ada-lovelace"
 _PROFILE_BY_PRODUCT = {"Tesla-T4": "t4", "NVIDIA-L40S": "l40s", "NVIDIA-H100-80GB-HBM3": "h100",
                        "NVIDIA-A100-SXM4-40GB": "a100", "NVIDIA-B200": "b200", "NVIDIA-GB200": "gb200"}
 _MOCK_ARCH = {"ada-lovelace": "ada_lovelace"}
-MAX_GPUS = 8                                   # one mock NVML instance shows at most 8 GPUs
-NFD_PCI_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 
 
 @dataclasses.dataclass
@@ -60,10 +58,15 @@ class NodeView:
 
     labels: dict[str, str]
     labels_by: str
-    resources: dict[str, str]
+    resources: dict[str, str]                  # capacity
     resources_by: str
     gfd_error: str = ""
     plugin: dict | None = None                 # dprelay's record (devices, health, the request for 2)
+    healthy: dict[str, str] | None = None      # allocatable, where the plugin's device health says (else = capacity)
+
+    @property
+    def allocatable(self) -> dict[str, str]:
+        return self.resources if self.healthy is None else self.healthy
 
     def annotations(self) -> dict[str, str]:
         return {LABELS_BY: self.labels_by, RESOURCES_BY: self.resources_by}
@@ -74,8 +77,8 @@ class NodeView:
 
 def mock_config(sw: NodeSoftware, gpu, *, seed: str, failures: dict[int, str] | None = None) -> dict:
     """A mock NVML config for ``gpu`` (a fleet GpuSpec), from the closest of NVIDIA's profiles."""
-    if gpu.count > MAX_GPUS:
-        raise ControlPlaneError(f"NVIDIA's mock NVML shows at most {MAX_GPUS} GPUs per node; "
+    if gpu.count > MOCK_MAX_GPUS:
+        raise ControlPlaneError(f"NVIDIA's mock NVML shows at most {MOCK_MAX_GPUS} GPUs per node; "
                                 f"{gpu.count}x {gpu.product} cannot be simulated")
     from ..dra import nvml_name
 
@@ -139,22 +142,15 @@ def plugin_config(pool) -> dict:
 # ----------------------------------------------------------------------------- running NVIDIA's software
 
 
-def _env(sw: NodeSoftware, config: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_NVML")}
-    env.update({"LD_LIBRARY_PATH": str(sw.lib), "MOCK_NVML_CONFIG": str(config)})
-    return env
-
-
 def run_gfd(sw: NodeSoftware, config: Path, plugin_cfg: Path, machine_type: str, work: Path) -> tuple[dict, str]:
     """GFD one-shot over the mock: (labels, "") or ({}, why it wrote none)."""
     out, machine = work / "gfd-labels.txt", work / "machine-type"
     machine.write_text(machine_type + "\n")
     cmd = [str(sw.exe("gpu-feature-discovery")), "--oneshot", "--use-node-feature-api=false",
            f"--output-file={out}", f"--machine-type-file={machine}", f"--config-file={plugin_cfg}"]
-    proc = subprocess.run(cmd, env=_env(sw, config), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=sw.mock_env(config), capture_output=True, text=True, timeout=120)
     if proc.returncode != 0 or not out.exists():
-        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith(("E", "F"))] or proc.stderr.splitlines()
-        return {}, f"GFD exited {proc.returncode}: " + (errors[-1].split("] ", 1)[-1] if errors else "no output")
+        return {}, f"GFD exited {proc.returncode}: {klog_error(proc.stderr)}"
     labels = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
     return labels, ""
 
@@ -179,7 +175,7 @@ def run_device_plugin(sw: NodeSoftware, config: Path, plugin_cfg: Path, work: Pa
     cmd = [unshare, "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(priv),
            str(sw.exe("dprelay")), "-dir", "/var/lib/kubelet/device-plugins", "-allocate", "2", "-timeout", "60s",
            "--", str(sw.exe("nvidia-device-plugin")), f"--config-file={plugin_cfg}"]
-    proc = subprocess.run(cmd, env=_env(sw, config), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, env=sw.mock_env(config), capture_output=True, text=True, timeout=120)
     if not proc.stdout.strip() and ("unshare failed" in proc.stderr or "mount:" in proc.stderr):
         raise ControlPlaneError("running NVIDIA's device plugin needs root (a private mount namespace over "
                                 f"/var/lib): {proc.stderr.strip().splitlines()[-1]}")
@@ -198,13 +194,11 @@ def run_device_plugin(sw: NodeSoftware, config: Path, plugin_cfg: Path, work: Pa
     return record
 
 
-def advertised(record: dict) -> dict[str, str]:
-    """Extended resources a kubelet makes of the plugin's registrations: every device, Healthy ones allocatable."""
-    return {r["name"]: str(len(r["devices"])) for r in record.get("resources", [])}
-
-
-def healthy(record: dict) -> dict[str, str]:
-    return {r["name"]: str(sum(d["health"] == "Healthy" for d in r["devices"])) for r in record.get("resources", [])}
+def advertised(record: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(capacity, allocatable) a kubelet makes of the plugin's registrations: every device, and its Healthy ones."""
+    resources = record.get("resources", [])
+    return ({r["name"]: str(len(r["devices"])) for r in resources},
+            {r["name"]: str(sum(d["health"] == "Healthy" for d in r["devices"])) for r in resources})
 
 
 # ----------------------------------------------------------------------------- what gpuproof models
@@ -262,7 +256,7 @@ def _view(sw: NodeSoftware, pool, work: Path, seed: str, failures: dict[int, str
     cfg_path, plugin_path = work / "mock-nvml.yaml", work / "device-plugin-config.yaml"
     cfg_path.write_text(yaml.safe_dump(mock_config(sw, pool.gpu, seed=seed, failures=failures), sort_keys=False))
     pcfg = plugin_config(pool)
-    mig_enabled = bool(pool.mig and pool.mig.profiles)
+    mig_enabled = pool.mig_enabled
     mps = bool(pool.time_slicing and pool.time_slicing.strategy == "mps" and pool.time_slicing.replicas > 1)
     if mig_enabled:          # the mock has no MIG devices: GFD and the plugin see whole GPUs, the MIG part is ours
         pcfg["flags"]["migStrategy"] = "none"
@@ -275,7 +269,7 @@ def _view(sw: NodeSoftware, pool, work: Path, seed: str, failures: dict[int, str
         if mig_enabled and labels:
             labels = mig_labels(pool, labels)
             labels_by += f" + {MODEL} (MIG devices: the mock enumerates none)"
-    record = None
+    record = healthy = None
     if not pool.device_plugin:
         resources = {}
     elif mig_enabled:
@@ -285,9 +279,9 @@ def _view(sw: NodeSoftware, pool, work: Path, seed: str, failures: dict[int, str
         resources_by = f"{MODEL} (MPS: the device plugin needs nvidia-cuda-mps-control, which cannot run here)"
     else:
         record = run_device_plugin(sw, cfg_path, plugin_path, work)
-        resources, resources_by = advertised(record), sw.device_plugin
+        (resources, healthy), resources_by = advertised(record), sw.device_plugin
     return NodeView(labels=labels, labels_by=labels_by, resources=resources, resources_by=resources_by,
-                    gfd_error=gfd_error, plugin=record)
+                    gfd_error=gfd_error, plugin=record, healthy=healthy)
 
 
 def observe(sw: NodeSoftware, fleet, progress=lambda m: None) -> dict[tuple[str, int], NodeView]:

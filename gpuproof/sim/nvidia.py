@@ -12,7 +12,7 @@ What is built (into ``$GPUPROOF_CACHE/nvidia/<key>/``, default ``~/.cache/gpupro
 The two source trees no registry serves come from their upstream repositories at the pinned commits,
 or, when ``$GPUPROOF_NVIDIA_SOURCES`` names a folder, from the snapshot tarballs in it
 (``<repo>-<commit[:12]>.tar.gz``, as in the project's ``shared/third_party``). The cache key covers
-the pinned commits, ``controlplane/nvidia``'s Go files and the Go version.
+the pinned commits and ``controlplane/nvidia``'s files.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ Progress = Callable[[str], None]
 
 DEVICE_PLUGIN_VERSION = "v0.19.3"            # also GFD's: one module, one release
 SOURCES_ENV = "GPUPROOF_NVIDIA_SOURCES"
+MOCK_MAX_GPUS = 8                            # GPUs one instance of NVIDIA's mock NVML shows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +96,27 @@ class NodeSoftware:
     def dra_driver(self) -> str:
         return f"dra-driver-nvidia-gpu {DRA_DRIVER_VERSION}"
 
+    def mock_env(self, config: Path, library_path: bool = True) -> dict[str, str]:
+        """This process's environment for a program of NVIDIA's running over the mock config ``config``
+        (``library_path``: find the mock through LD_LIBRARY_PATH; the DRA driver reads it from a driver root)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MOCK_NVML")}
+        env["MOCK_NVML_CONFIG"] = str(config)
+        if library_path:
+            env["LD_LIBRARY_PATH"] = str(self.lib)
+        return env
+
     def complete(self) -> bool:
         return all(os.access(self.exe(b), os.X_OK) for b in BINARIES) and \
             (self.lib / "libnvidia-ml.so.1").exists() and any(self.profiles.glob("*.yaml")) and \
             all((self.chart / t).exists() for t in DEVICE_CLASS_TEMPLATES)
+
+
+def klog_error(log: str) -> str:
+    """The last error (or fatal) line a Go program of NVIDIA's logged through klog, without its prefix;
+    the last line when it logged none."""
+    lines = log.splitlines()
+    errors = [ln for ln in lines if ln[:1] in "EF"] or lines
+    return errors[-1].split("] ", 1)[-1] if errors else "no output"
 
 
 def module_dir() -> Path:
