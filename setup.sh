@@ -69,7 +69,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
     containerd runc containernetworking-plugins iptables >/dev/null
 fi
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
-  echo "[setup] kubelet and NFD's nfd-master for kubelet nodes (built once from controlplane/kube and controlplane/nfd)"
-  .venv/bin/python -c 'from gpuproof.sim import kubelet; kubelet.kubelet_binary(); kubelet.nfd_master()' >/dev/null
+  echo "[setup] kubelet, kube-proxy, CoreDNS and NFD's nfd-master for kubelet nodes (built once from controlplane/kube, controlplane/coredns and controlplane/nfd)"
+  .venv/bin/python -c 'from gpuproof.sim import clusternet, kubelet; kubelet.kubelet_binary(); kubelet.nfd_master(); clusternet.build()' >/dev/null
 fi
 # ---- end of kubelet nodes ----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ else in the cluster is ever modified.
 Waits use watches with a deadline; a timeout raises :class:`WaitTimeout` naming what
 was awaited and the last state seen. A wait on the run's pods also ends, with the same error,
 as soon as one of them has been bound to a node for ``KUBELET_SILENCE`` seconds without a word
-from that node's kubelet: such a pod never starts, and saying so beats waiting out the deadline.
+from that node's kubelet, or its kubelet says it can never start it (:data:`NEVER_STARTS`): such a pod
+never starts, and saying so beats waiting out the deadline.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ RUN_LABEL = "gpuproof.dev/run"
 OWNER = "gpuproof"
 NAMESPACE_PREFIX = "gpuproof-"
 KUBELET_SILENCE = 60.0      # seconds a pod may sit bound to a node with no status from its kubelet
+# a container's waiting reasons that no retry of the kubelet ends: the image is not on the node and the pod may
+# not pull it (imagePullPolicy: Never), or its name is no image reference
+NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
 
 
 def run_labels(run_id: str) -> dict[str, str]:
@@ -166,6 +170,8 @@ class Cluster:
 class Run:
     """One run's namespace and labelled objects."""
 
+    workload_image = None     # the image the cluster lends workload pods (gpuproof.workloads.Image), if any
+
     def __init__(self, cluster: Cluster, run_id: str):
         self.cluster = cluster
         self.run_id = run_id
@@ -242,18 +248,23 @@ class Run:
         return self.cluster.core.read_namespaced_pod(name, self.namespace)
 
     def pod_logs(self, name: str, container: str | None = None) -> str:
-        return self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container)
+        # the raw bytes: kubernetes 36's deserialized answer is the repr of bytes ("b'...\\n...'"), one line
+        resp = self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container,
+                                                         _preload_content=False)
+        return resp.data.decode("utf-8", "replace")
 
     def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
                   describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:
         """Watch the run's pods until done(cache) returns something truthy; returns it. A pod whose node's
-        kubelet stays silent (:data:`KUBELET_SILENCE`) ends the wait early with :class:`WaitTimeout`."""
+        kubelet stays silent (:data:`KUBELET_SILENCE`), or says it can never start it (:data:`NEVER_STARTS`),
+        ends the wait early with :class:`WaitTimeout`."""
         bound_since: dict[str, float] = {}
 
         def done_or_silent(cache: dict) -> Any:
             result = done(cache)
             if not result:
                 _raise_if_kubelet_silent(cache, bound_since, self.namespace, what)
+                _raise_if_never_starts(cache, self.namespace, what)
             return result
 
         return watch_until(self.cluster.core.list_namespaced_pod, done_or_silent, timeout, what,
@@ -410,6 +421,18 @@ def _raise_if_kubelet_silent(cache: dict, bound_since: dict[str, float], namespa
             raise WaitTimeout(f"pod {namespace}/{name} is bound to node {pod.spec.node_name}, whose kubelet has not "
                               f"taken it up in {now - since:.0f}s (no status from the kubelet: is it running?); "
                               f"gave up waiting for {what}")
+
+
+def _raise_if_never_starts(cache: dict, namespace: str, what: str) -> None:
+    """WaitTimeout when the kubelet keeps a pod's container waiting for a reason of :data:`NEVER_STARTS`."""
+    for name, pod in cache.items():
+        if pod.metadata.deletion_timestamp:          # on its way out: nobody waits for it
+            continue
+        for c in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+            waiting = c.state.waiting if c.state else None
+            if waiting and waiting.reason in NEVER_STARTS:
+                raise WaitTimeout(f"pod {namespace}/{name} can never start on node {pod.spec.node_name}: container "
+                                  f"{c.name}: {waiting.reason}: {waiting.message}; gave up waiting for {what}")
 
 
 def _describe_pod(pod) -> str:

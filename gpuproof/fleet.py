@@ -58,6 +58,13 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 MIG_STRATEGIES = ("none", "single", "mixed")
 # failure modes NVIDIA's mock NVML injects into one GPU (engine/config_types.go)
 NVML_FAILURES = ("lost", "fallen_off_bus", "ecc_uncorrectable")
+# nvml-mock-ctl's commands that change what a node's NVML reports (cmd/nvml-mock-ctl in NVIDIA's k8s-test-infra)
+NVML_CTL_COMMANDS = ("fail", "temp", "power", "fan", "util", "clocks", "throttle", "pstate", "nvlink-error",
+                     "sram-ecc", "fabric-health", "set")
+# the sections of NVIDIA's device-plugin config file (api/config/v1 Config) a node's own config may set
+PLUGIN_CONFIG_SECTIONS = ("flags", "resources", "sharing", "imex")
+# images every kubelet node imports, which a fault can leave out of one node's containerd (gpuproof.sim.kubelet_faults)
+NODE_IMAGES = ("workloads",)
 # how a pool's nodes are labelled: GPU Feature Discovery, or a managed offering's own scheme
 LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
 # how a pool's GPUs reach pods: the device plugin (extended resources), DRA (ResourceSlices), or both
@@ -146,6 +153,15 @@ class Fault:
     # NVIDIA's mock NVML: GPU index -> failure mode (lost, fallen_off_bus, ecc_uncorrectable), injected
     # into the node's mock config before NVIDIA's GFD and device plugin run over it
     nvml_failures: dict[int, str] = dataclasses.field(default_factory=dict)
+    # kubelet nodes: NVIDIA's own fault tool, ``nvml-mock-ctl <command>`` (e.g. ``fail --gpu 1 --mode
+    # ecc_uncorrectable --xid 79``), run against the node's mock before it starts; every process on the node
+    # that reads NVML (NVIDIA's daemons, gpuproof's pods) then sees the fault
+    nvml_ctl: list[str] = dataclasses.field(default_factory=list)
+    # kubelet nodes: the node's own device-plugin config (the one NVIDIA's chart picks per node by its
+    # nvidia.com/device-plugin.config label), merged over the pool's; NVIDIA's GFD and device plugin read it
+    device_plugin_config: dict = dataclasses.field(default_factory=dict)
+    # kubelet nodes: images the node's containerd lacks (NODE_IMAGES): pods of them never start there
+    missing_images: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def unmanaged(self) -> bool:
@@ -196,6 +212,20 @@ class Pool:
         for fault in self.faults_for(index):
             out.update(fault.nvml_failures)
         return out
+
+    def nvml_ctl(self, index: int) -> list[str]:
+        """nvml-mock-ctl commands for this node's mock NVML (kubelet nodes)."""
+        return [cmd for fault in self.faults_for(index) for cmd in fault.nvml_ctl]
+
+    def node_plugin_config(self, index: int, config: dict) -> dict:
+        """The pool's device-plugin ``config`` as node ``index`` reads it: its faults' own settings merged over it."""
+        for fault in self.faults_for(index):
+            config = _merge(config, fault.device_plugin_config)
+        return config
+
+    def missing_images(self, index: int) -> set[str]:
+        """Images node ``index``'s containerd lacks (kubelet nodes)."""
+        return {image for fault in self.faults_for(index) for image in fault.missing_images}
 
     def needs_nvidia(self) -> bool:
         """Whether NVIDIA's GFD or device plugin produce part of this pool's nodes."""
@@ -642,6 +672,27 @@ def _parse_fault(f: _Fields) -> Fault:
         if mode not in NVML_FAILURES:
             f.fail(f"nvmlFailures.{gpu}", f"{mode!r} is not one of the mock's failure modes: {', '.join(NVML_FAILURES)}")
         fault.nvml_failures[int(gpu)] = mode
+    for i, cmd in enumerate(f.str_list("nvmlCtl")):
+        word = cmd.split()[0] if cmd.split() else ""
+        if word not in NVML_CTL_COMMANDS:
+            f.fail(f"nvmlCtl[{i}]", f"{word or cmd!r} is not an nvml-mock-ctl fault command: "
+                                    f"{', '.join(NVML_CTL_COMMANDS)}")
+        if "--gpu" not in cmd.split():
+            f.fail(f"nvmlCtl[{i}]", "name the GPU: --gpu <index|all|uuid>")
+        fault.nvml_ctl.append(cmd)
+    fault.device_plugin_config = f.get("devicePluginConfig", {})
+    if not isinstance(fault.device_plugin_config, dict):
+        f.fail("devicePluginConfig", f"must be a mapping of device-plugin config sections, got "
+                                     f"{_kind(fault.device_plugin_config)}")
+    for section, value in fault.device_plugin_config.items():
+        if section not in PLUGIN_CONFIG_SECTIONS or not isinstance(value, dict):
+            f.fail(f"devicePluginConfig.{section}", "NVIDIA's device-plugin config has the mapping sections "
+                                                    f"{', '.join(PLUGIN_CONFIG_SECTIONS)}")
+    for i, image in enumerate(f.str_list("missingImages")):
+        if image not in NODE_IMAGES:
+            f.fail(f"missingImages[{i}]", f"{image!r} is not an image a kubelet node can lack: "
+                                          f"{', '.join(NODE_IMAGES)}")
+        fault.missing_images.append(image)
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
         f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
@@ -708,8 +759,6 @@ def _parse_pool(f: _Fields) -> Pool:
     pool.backend = f.str("backend", "kwok")
     if pool.backend not in BACKENDS:
         f.fail("backend", f"{pool.backend!r} is not one of {', '.join(BACKENDS)}")
-    if pool.backend == "kubelet":
-        _check_kubelet_pool(pool, f)
     faults = f.get("faults", [])
     if not isinstance(faults, list):
         f.fail("faults", f"must be a list, got {_kind(faults)}")
@@ -717,21 +766,41 @@ def _parse_pool(f: _Fields) -> Pool:
     for i, fault in enumerate(pool.faults):
         if fault.node is not None and fault.node >= count:
             f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
+        for key, (attr, why) in KUBELET_NODE_FAULTS.items():
+            if getattr(fault, attr) and pool.backend != "kubelet":
+                f.fail(f"faults[{i}].{key}", why)
+    if pool.backend == "kubelet":
+        _check_kubelet_pool(pool, f)
     f.done()
     return pool
+
+
+# fault fields only kubelet nodes take (Fault attribute, why a kwok node cannot)
+KUBELET_NODE_FAULTS = {
+    "nvmlCtl": ("nvml_ctl", "is for kubelet nodes, where pods read NVML; on kwok nodes only NVIDIA's GFD and device "
+                            "plugin read it once: use nvmlFailures"),
+    "devicePluginConfig": ("device_plugin_config", "is for kubelet nodes, where NVIDIA's device plugin runs as the "
+                                                   "node's pod; on kwok nodes it runs once, with the pool's config"),
+    "missingImages": ("missing_images", "is for kubelet nodes, whose containerd holds images; kwok nodes run no "
+                                        "container"),
+}
 
 
 def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
     """What kubelet nodes cannot be yet: each refusal says why."""
     if pool.mig_enabled:
         f.fail("backend", "MIG pools stay on kwok: NVIDIA's mock NVML enumerates no MIG devices")
-    if pool.offer != "device-plugin":
-        f.fail("backend", "kubelet nodes offer GPUs through the device plugin only (the DRA driver as pods is not "
-                          "built yet)")
+    if pool.offer == "both":
+        f.fail("backend", "a kubelet pool offers its GPUs one way, device-plugin or dra: `both` is the "
+                          "misconfiguration dra-not-offered-twice fails, and stays a kwok pool's")
     if pool.label_scheme != "gfd" or (pool.time_slicing and pool.time_slicing.strategy == "mps"):
         f.fail("backend", "kubelet nodes run NVIDIA's own software only: labelScheme gfd, no MPS")
-    if f.get("faults"):
-        f.fail("backend", "faults on kubelet nodes are not supported yet")
+    for i, fault in enumerate(pool.faults):      # NVIDIA's software writes the node: only its NVML can be broken
+        if fault != Fault(node=fault.node, nvml_failures=fault.nvml_failures,
+                          **{attr: getattr(fault, attr) for attr, _ in KUBELET_NODE_FAULTS.values()}):
+            f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
+                                   "devicePluginConfig and missingImages: their labels, resources and state are what "
+                                   "NVIDIA's software and the kubelet make of them")
 
 
 def _check_scheme(pool: Pool, f: _Fields) -> None:

@@ -28,10 +28,12 @@ VOLATILE_LABELS = ("nvidia.com/gfd.timestamp",)
 GPU_LABEL_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/pci-10de", "cloud.google.com/gke-accelerator",
                       "cloud.google.com/gke-gpu", "cloud.google.com/gke-max-shared", "karpenter.k8s.aws/instance-gpu",
                       "kubernetes.azure.com/accelerator")
-# NVIDIA components whose pods' images are recorded: (inventory name, pod name or app label fragments)
+# NVIDIA components whose pods' images are recorded: (inventory name, pod name or app label fragments). A pod is
+# the first component it matches: GFD before the device plugin, since NVIDIA's chart names GFD's pods
+# "nvidia-device-plugin-gpu-feature-discovery-..."
 STACK_COMPONENTS = (
-    ("device-plugin", ("nvidia-device-plugin", "nvidia-gpu-device-plugin")),
     ("gpu-feature-discovery", ("gpu-feature-discovery",)),
+    ("device-plugin", ("nvidia-device-plugin", "nvidia-gpu-device-plugin")),
     ("driver", ("nvidia-driver-daemonset", "nvidia-driver-installer")),
     ("container-toolkit", ("nvidia-container-toolkit",)),
     ("dcgm-exporter", ("nvidia-dcgm-exporter", "dcgm-exporter")),
@@ -52,6 +54,7 @@ def stack_images(pods: Iterable[dict]) -> dict[str, dict[str, str]]:
             if node and any(f in text for f in fragments):
                 images = sorted({c.get("image", "") for c in spec.get("containers") or []})
                 out.setdefault(node, {})[f"stack/{component}"] = ",".join(images)
+                break
     return out
 
 

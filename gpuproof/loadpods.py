@@ -56,7 +56,7 @@ def master_service(name: str) -> str:
 def _pod(name: str, component: str, cmd: list[str], *, labels: dict, namespace: str, image: str,
          configmap_name: str, cpu: str, memory: str, limit_cpu: bool, deadline_s: int,
          own_labels: dict | None = None) -> dict:
-    vols, mounts = wl._volumes(configmap_name, shm=False)
+    vols, mounts = wl._volumes(configmap_name, shm=False, image=image)
     container = wl._container(component, image, cmd, 0, wl.GPU_RESOURCE, mounts, None, cpu=cpu, memory=memory)
     if limit_cpu:
         container["resources"]["limits"] = {"cpu": cpu}

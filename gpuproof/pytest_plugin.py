@@ -154,6 +154,8 @@ class Target:
             from .cluster import Run
 
             run = Run(cluster, self.run_id)
+            if self.sim is not None:           # kubelet nodes lend the host's Python over NVIDIA's mock NVML
+                run.workload_image = self.sim.workload_image()
             self._run = run          # set before create so a half-made run is still cleaned up
             self.run_dir             # a run that touches the cluster always leaves its record
             run.create(progress=self.progress, timeout=self.timeout(60))
@@ -183,7 +185,7 @@ class Target:
         """Whether the node's device plugin refuses shared requests > 1 (None: unknown)."""
         if node.scheme == "gke" and node.time_sliced:
             return True          # GKE's device plugin always refuses more than one shared GPU
-        if self.fleet is not None and node.simulated:
+        if self.fleet is not None:    # the embedded cluster: the fleet wrote each pool's device-plugin config file
             try:
                 ts = self.fleet.pool(node.name.rsplit("-", 1)[0]).time_slicing
             except KeyError:
@@ -192,7 +194,13 @@ class Target:
         opt = self.config.getoption("--shared-requests-refused")
         if not opt:
             return None
-        return opt == "all" or node.pool in {p.strip() for p in opt.split(",")}
+        named = {p.strip() for p in opt.split(",")} - {"all"}
+        unknown = sorted(named - {n.pool for n in self.discovery().gpu_nodes})
+        if unknown and not getattr(self, "_told_unknown_pools", False):
+            self._told_unknown_pools = True          # a misspelt pool would silently mean "not refusing"
+            self.progress(f"--shared-requests-refused names no pool of this cluster: {', '.join(unknown)} "
+                          f"(its pools: {', '.join(sorted({n.pool for n in self.discovery().gpu_nodes}))})")
+        return opt == "all" or node.pool in named
 
     def write_inventory(self) -> None:
         if self.cluster is None or self._run_dir is None:

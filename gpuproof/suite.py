@@ -190,6 +190,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
              ) -> list[dict]:
     """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results."""
     from . import workloads
+    from .bench.suite import image
 
     cm = workloads.configmap(labels=run.labels, namespace=run.namespace)
     obj, err = run.try_apply(cm)
@@ -199,7 +200,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
     (resource, amount), = limits.items()
     for name in names:
         run.apply(workloads.workload_pod(name, "probe.py", args, labels=run.labels, namespace=run.namespace,
-                                         gpus=amount, resource=resource, node=node.name))
+                                         gpus=amount, resource=resource, node=node.name, image=image(run)))
     run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
                   target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
     return [workloads.parse_result(run.pod_logs(n), what=f"probe pod {n}") for n in names]

@@ -12,6 +12,7 @@ and every pod template; pure functions, nothing here talks to a cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import re
@@ -44,6 +45,48 @@ SHIPPED_SUFFIXES = (".py", ".md")
 MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses objects over ~1 MiB
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+# ------------------------------------------------------------------ the image
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    """A container image and what each node lends the pods that run it: hostPath volumes (mounted read-only
+    at the same path) and environment. A stock image needs neither (``Image("pytorch/pytorch:...")``); the
+    embedded cluster's kubelet nodes lend the host's Python and virtualenv (``gpuproof.sim.kubelet``)."""
+
+    name: str
+    host_paths: tuple[str, ...] = ()        # host folders mounted read-only at the same path in the container
+    node_paths: tuple[tuple[str, str], ...] = ()   # (node folder, container path): the node's own files, read-only
+    env: tuple[tuple[str, str], ...] = ()
+    pull_policy: str = ""                   # "Never": the image is already on every node
+    device: str = "cuda"                    # what the workloads compute on ("cpu": NVML answers, CUDA is absent)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def volumes(self) -> tuple[list[dict], list[dict]]:
+        vols, mounts = [], []
+        pairs = [(p, p, "Directory") for p in self.host_paths] + [(n, c, "DirectoryOrCreate") for n, c in self.node_paths]
+        for i, (host, path, kind) in enumerate(pairs):
+            vols.append({"name": f"lent-{i}", "hostPath": {"path": host, "type": kind}})
+            mounts.append({"name": f"lent-{i}", "mountPath": path, "readOnly": True})
+        return vols, mounts
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Image":
+        return cls(name=data["name"], host_paths=tuple(data.get("host_paths") or ()),
+                   node_paths=tuple(tuple(p) for p in data.get("node_paths") or ()),
+                   env=tuple(tuple(e) for e in data.get("env") or ()), pull_policy=data.get("pull_policy") or "",
+                   device=data.get("device") or "cuda")
+
+
+def as_image(image: "str | Image") -> Image:
+    return image if isinstance(image, Image) else Image(str(image))
 
 
 # ------------------------------------------------------------------ the workload files
@@ -133,9 +176,10 @@ def _node_selector(product: str | None, node: str | None) -> dict:
     return sel
 
 
-def _volumes(configmap_name: str, shm: bool) -> tuple[list[dict], list[dict]]:
-    vols = [{"name": "workloads", "configMap": {"name": configmap_name}}]
-    mounts = [{"name": "workloads", "mountPath": MOUNT_PATH, "readOnly": True}]
+def _volumes(configmap_name: str, shm: bool, image: "str | Image" = "") -> tuple[list[dict], list[dict]]:
+    vols, mounts = as_image(image).volumes()
+    vols.append({"name": "workloads", "configMap": {"name": configmap_name}})
+    mounts.append({"name": "workloads", "mountPath": MOUNT_PATH, "readOnly": True})
     if shm:  # NCCL and torch data loaders need more than the container's 64 MiB /dev/shm
         vols.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -152,7 +196,7 @@ def script_path(script: str) -> str:
     return f"{MOUNT_PATH}/{script}"
 
 
-def _container(name: str, image: str, command: list[str], gpus: int, resource: str, mounts: list[dict],
+def _container(name: str, image: "str | Image", command: list[str], gpus: int, resource: str, mounts: list[dict],
                env: dict | None, cpu: str | None = None, memory: str | None = None) -> dict:
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
@@ -162,7 +206,11 @@ def _container(name: str, image: str, command: list[str], gpus: int, resource: s
         requests["cpu"] = cpu
     if memory:
         requests["memory"] = memory
-    c = {"name": name, "image": image, "command": command, "env": _env(env), "volumeMounts": mounts}
+    image = as_image(image)
+    c = {"name": name, "image": image.name, "command": command, "env": _env({**dict(image.env), **(env or {})}),
+         "volumeMounts": mounts}
+    if image.pull_policy:
+        c["imagePullPolicy"] = image.pull_policy
     if limits or requests:
         c["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
     return c
@@ -212,7 +260,7 @@ def workload_pod(name: str, script: str, args: Iterable[str] = (), *, labels: di
         cmd = ["torchrun", "--standalone", f"--nproc-per-node={max(1, gpus)}", path, *map(str, args)]
     else:
         cmd = ["python", path, *map(str, args)]
-    vols, mounts = _volumes(configmap_name, shm=torchrun or gpus > 1)
+    vols, mounts = _volumes(configmap_name, shm=torchrun or gpus > 1, image=image)
     container = _container("workload", image, cmd, gpus, resource, mounts, env)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _meta(name, namespace, labels, _own_labels(name, script.removesuffix(".py"))),
@@ -258,7 +306,7 @@ def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterab
     wait_dns = (f'i=0; until getent hosts {master} >/dev/null; do i=$((i+1)); '
                 f'if [ $i -gt {rendezvous_timeout_s} ]; then echo "no DNS for {master} after '
                 f'{rendezvous_timeout_s}s" >&2; exit 1; fi; sleep 1; done; ')
-    vols, mounts = _volumes(configmap_name, shm=True)
+    vols, mounts = _volumes(configmap_name, shm=True, image=image)
     container = _container("allreduce", image, ["sh", "-c", wait_dns + torchrun], gpus_per_node, resource,
                            mounts, env)
     container["ports"] = [{"containerPort": port, "name": "rendezvous"}]
@@ -291,7 +339,7 @@ def inference_manifests(name: str, *, labels: dict, namespace: str, image: str =
     """Deployment (1 replica, readiness probe on /healthz) and a ClusterIP Service."""
     _check_name(name)
     own = _own_labels(name, "inference-server")
-    vols, mounts = _volumes(configmap_name, shm=False)
+    vols, mounts = _volumes(configmap_name, shm=False, image=image)
     cmd = ["python", script_path("inference_server"), "--host", "0.0.0.0", "--port", str(port),
            *map(str, server_args)]
     container = _container("server", image, cmd, gpus, resource, mounts, env)
@@ -325,7 +373,7 @@ def loadgen_pod(name: str, url: str, args: Iterable[str] = (), *, labels: dict, 
                 cpu: str = "2", deadline_s: int = 3600) -> dict:
     """A Pod running the locust load generator (no GPU) against ``url`` inside the cluster."""
     _check_name(name)
-    vols, mounts = _volumes(configmap_name, shm=False)
+    vols, mounts = _volumes(configmap_name, shm=False, image=image)
     cmd = ["python", script_path("loadgen"), "--url", url, *map(str, args)]
     container = _container("loadgen", image, cmd, 0, GPU_RESOURCE, mounts, None, cpu=cpu, memory="1Gi")
     return {"apiVersion": "v1", "kind": "Pod",

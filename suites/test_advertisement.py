@@ -92,6 +92,19 @@ def _is_device_plugin(p) -> bool:
     return bool(containers & PLUGIN_CONTAINERS) or any(labels.get(k) == v for k, v in PLUGIN_LABELS)
 
 
+def _pod_state(p) -> str:
+    """'<namespace>/<name>: <phase>', and for each container that is not ready why (waiting reason, last exit code,
+    restarts): a crash-looping plugin is Running between its restarts."""
+    state = f"{p.metadata.namespace}/{p.metadata.name}: {p.status.phase}"
+    for c in p.status.container_statuses or []:
+        if not c.ready:
+            waiting = c.state.waiting if c.state else None
+            last = c.last_state.terminated if c.last_state else None
+            state += (f"; {c.name}: {waiting.reason if waiting else 'not ready'}"
+                      + (f", last exit {last.exit_code}" if last else "") + f", {c.restart_count} restart(s)")
+    return state
+
+
 @pytest.mark.realcluster
 def test_device_plugin_pod_ready_on_node(gpu_node, target, check):
     if gpu_node.simulated:
@@ -101,5 +114,5 @@ def test_device_plugin_pod_ready_on_node(gpu_node, target, check):
     ready = [p.metadata.name for p in plugin if any(c.type == "Ready" and c.status == "True"
                                                      for c in (p.status.conditions or []))]
     check.true("device-plugin-ready", bool(ready), expected="a Ready nvidia-device-plugin pod",
-               actual=[f"{p.metadata.namespace}/{p.metadata.name}: {p.status.phase}" for p in plugin] or "none",
+               actual=[_pod_state(p) for p in plugin] or "none",
                what="device-plugin pod on the node")

@@ -55,8 +55,8 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
         nnodes = suite.multinode_count(nodes)
         gpus = min(suite.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
         try:
-            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device="cuda"), product=product,
-                                         nnodes=nnodes, gpus_per_node=gpus, image=suite.image())
+            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device=suite.device(run)), product=product,
+                                         nnodes=nnodes, gpus_per_node=gpus, image=suite.image(run))
         except Exception as exc:  # one product failing must not hide the others
             bad.append(f"{product}: {exc}")
             continue

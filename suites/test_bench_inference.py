@@ -53,9 +53,9 @@ def test_inference_endpoint(target, run, run_dir):
         pytest.skip(f"{REAL_GPU_REASON}: its pods do not run; `gpuproof bench --local inference --url URL` drives "
                     f"the endpoint from this host")
     bench = get("inference")
-    params = bench.params(endpoint, device="cuda")
-    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=suite.image(),
-                                  loadgen_image=suite.loadgen_image())
+    params = bench.params(endpoint, device=suite.device(run))
+    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=suite.image(run),
+                                  loadgen_image=suite.loadgen_image(run))
     records = bench.to_records(result, node="endpoint", product=endpoint["model"] or "endpoint")
     for r in records:
         r.parameters.setdefault("run_mode", "cluster")

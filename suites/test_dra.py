@@ -341,6 +341,7 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
     _need_dra(discovery, check, "dra-probe-uuid")
     from gpuproof import workloads
+    from gpuproof.bench.suite import image
     from gpuproof.suite import nvml_device_ids
 
     devices = _devices(discovery)
@@ -352,7 +353,8 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     run.try_apply(workloads.configmap(labels=run.labels, namespace=run.namespace))
     run.apply(dra.claim_template("probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
     manifest = workloads.workload_pod("dra-probe", "probe.py", labels=run.labels, namespace=run.namespace, gpus=0,
-                                      node=node)
+                                      node=node, image=image(run))
+    manifest["spec"]["tolerations"] = TOLERATE_ALL     # gpus=0 adds no GPU toleration: the GPU comes by the claim
     run.apply(dra.use_claims(manifest, template="probe-one"))
     p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
                      "to finish (image pull included)")

@@ -35,13 +35,17 @@ def test_health_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discov
     if free < 1:
         check.skip("health", f"{node.name} has no free {resource}: every GPU is held by other pods")
     bench = get("health")
-    params = bench.params({"extra_args": extra_args_from_env()}, device="cuda")
+    params = bench.params({"extra_args": extra_args_from_env()}, device=suite.device(run))
     try:
         result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
-                                      resource=resource, image=suite.image(), timeout=target.timeout(bench.timeout_s))
+                                      resource=resource, image=suite.image(run), timeout=target.timeout(bench.timeout_s))
     except GpuproofError as exc:
         check.true("health-pod", False, "the health pod finishes with a JSON result", str(exc).splitlines()[0],
                    what=f"health workload pod ({resource} x {min(gpus, free)})")
+        return
+    if not result.get("items"):          # it stopped before reading anything (no GPU, no NVML, bad flags)
+        check.true("health-pod", False, "the health pod reads the node's GPUs",
+                   result.get("error") or "a result without items", what=f"health workload pod on {node.name}")
         return
     records = bench.to_records(result, node=node.name, product=node.product)
     for r in records:

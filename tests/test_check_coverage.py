@@ -70,6 +70,7 @@ def fault_tables() -> dict[str, dict]:
     import test_real_shapes
     import test_suite_faults
     import test_suite_faults_more
+    import test_topology
 
     return {
         "tests/test_suite_faults.py::test_check_fails_on_its_fault": test_suite_faults.CASES,
@@ -81,6 +82,7 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_dra.py::test_dra_check_fails_on_its_fault": test_dra.DRA_FAULTS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,
+        "tests/test_topology.py::test_a_fragmented_set_fails_naming_node_expected_actual": test_topology.FAULTS,
     }
 
 

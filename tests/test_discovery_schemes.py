@@ -151,3 +151,19 @@ def test_inventory_records_versions_and_stack_images():
     assert entry["kernel"] == "6.6.97" and entry["mig_config"] == "all-disabled"
     assert entry["stack/device-plugin"] == "nvcr.io/nvidia/k8s-device-plugin:v0.17.2"
     assert entry["label_scheme"] == "gfd"
+
+
+def test_inventory_tells_gfd_from_the_device_plugin():
+    """NVIDIA's chart names GFD's pods nvidia-device-plugin-gpu-feature-discovery-...: GFD, not the plugin."""
+    from gpuproof.inventory import stack_images
+
+    node = "worker-gpu-0"
+    pods = [{"metadata": {"name": "nvidia-device-plugin-daemonset-x7k2p",
+                          "labels": {"app.kubernetes.io/name": "nvidia-device-plugin"}},
+             "spec": {"nodeName": node, "containers": [{"image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.2"}]}},
+            {"metadata": {"name": "nvidia-device-plugin-gpu-feature-discovery-9wq2d",
+                          "labels": {"app.kubernetes.io/name": "gpu-feature-discovery"}},
+             "spec": {"nodeName": node, "containers": [{"image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.3"}]}}]
+    for order in (pods, pods[::-1]):
+        assert stack_images(order)[node] == {"stack/device-plugin": "nvcr.io/nvidia/k8s-device-plugin:v0.17.2",
+                                             "stack/gpu-feature-discovery": "nvcr.io/nvidia/k8s-device-plugin:v0.17.3"}

@@ -45,7 +45,7 @@ def host_leftovers(cluster: str) -> list[str]:
 
 def test_kubelet_pool_refusals():
     for extra, says in (({"mig": {"strategy": "mixed", "profiles": {"1g.5gb": 7}}}, "MIG pools stay on kwok"),
-                        ({"offer": "dra"}, "device plugin only"),
+                        ({"offer": "both"}, "one way"),
                         ({"labelScheme": "gke", "instanceType": "a2-highgpu-1g"}, "labelScheme gfd")):
         pool = {"name": "p", "backend": "kubelet", "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1}, **extra}
         with pytest.raises(FleetError, match=says):

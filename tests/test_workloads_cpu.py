@@ -38,7 +38,7 @@ def test_probe_cpu():
     assert "CUDA_VISIBLE_DEVICES" in r["env"] and "NVIDIA_VISIBLE_DEVICES" in r["env"]
     assert r["kernel_checks"] == [dict(r["kernel_checks"][0], device="cpu", wrong=0, ok=True)]
     assert "available" in r["nvml"]
-    assert r["ok"] is False and r["problems"] == ["expected 1 CUDA devices, torch sees 0"]
+    assert r["ok"] is False and r["problems"] == ["expected 1 GPUs, NVML shows 0"]   # no CUDA: NVML counts
 
 
 @pytest.mark.parametrize("mib,ok", [(16, True), (2**30, False)], ids=["fits", "1-pib-refused"])

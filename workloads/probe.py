@@ -2,9 +2,10 @@
 
 Reports torch, CUDA (build) and driver versions; the devices torch sees (name, compute
 capability, memory, UUID); the devices NVML sees, whether or not CUDA works (name, UUID,
-memory, MIG mode and the UUIDs of MIG instances; a GPU NVML cannot answer for, with the error); CUDA_VISIBLE_DEVICES and NVIDIA_VISIBLE_DEVICES; and runs a
-small elementwise + matmul kernel on every visible device (or on the CPU) whose result
-is checked exactly against an integer reference.
+memory, MIG mode and the UUIDs of MIG instances; a GPU NVML cannot answer for, with the error);
+the NVLink links and PCIe paths among those GPUs (:func:`nvml_topology`); CUDA_VISIBLE_DEVICES
+and NVIDIA_VISIBLE_DEVICES; and runs a small elementwise + matmul kernel on every visible
+device (or on the CPU) whose result is checked exactly against an integer reference.
 
 Device identity: ``nvml_uuids`` lists what this container can use as NVML names it: the
 ``GPU-...`` UUID of each GPU, or the ``MIG-...`` UUIDs of the MIG devices of a GPU in MIG
@@ -121,6 +122,82 @@ def _nvml_device(nvml, i: int) -> dict:
     return dev
 
 
+# nvmlGpuTopologyLevel_t as ``nvidia-smi topo -m`` names the PCIe path between two GPUs
+PCIE_PATHS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+# nvmlGpuP2PStatus_t
+P2P_STATUS = {0: "OK", 1: "CHIPSET_NOT_SUPPORTED", 2: "GPU_NOT_SUPPORTED", 3: "IOH_TOPOLOGY_NOT_SUPPORTED",
+              4: "DISABLED_BY_REGKEY", 5: "NOT_SUPPORTED", 6: "UNKNOWN"}
+NVLINK_TO_SWITCH = 2        # NVML_NVLINK_DEVICE_TYPE_SWITCH
+P2P_OVER_NVLINK = 2         # NVML_P2P_CAPS_INDEX_NVLINK
+
+
+def nvml_topology(inventory: dict) -> dict:
+    """The NVLink links among the GPUs this process sees, and the PCIe path between each pair.
+
+    Per GPU (``gpus``): its NVML index here, its minor number (``/dev/nvidia<N>`` on the node), its
+    active NVLinks, how many reach an NVSwitch and how many reach each GPU by PCI bus id (a GPU this
+    process does not see included); ``nvlink`` is null with ``nvlink_unavailable`` (NVML's answer)
+    where NVML reads no link state (a GPU without NVLink). Per pair (``pairs``): the NVLinks between
+    them (``direct``, plus ``through_nvswitch`` when both GPUs have links to NVSwitches: every GPU on
+    a node's NVSwitch fabric reaches every other, as ``nvidia-smi topo -m`` counts NV#), NVML's P2P
+    status over NVLink, and the PCIe path (``nvidia-smi topo -m``'s names), or NVML's error."""
+    if not inventory.get("available"):
+        return {"available": False, "reason": inventory.get("reason")}
+    nvml, why = common.load_nvml()
+    if nvml is None:
+        return {"available": False, "reason": why}
+    try:
+        gpus = [_nvlink_gpu(nvml, nvml.nvmlDeviceGetHandleByIndex(d["index"]), d)
+                for d in inventory["devices"] if not d.get("error")]
+        pairs = [_nvlink_pair(nvml, a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
+    except Exception as exc:       # a GPU lost while it was read: the rest of the result still counts
+        return {"available": False, "reason": f"NVML: {exc}"}
+    return {"available": True, "gpus": [g for g, _ in gpus], "pairs": pairs}
+
+
+def _nvml_answer(fn, names: dict):
+    """NVML's answer (by its name in ``names`` where it has one), or its error."""
+    try:
+        value = fn()
+    except Exception as exc:      # NotSupported, or a call this nvidia-ml-py lacks
+        return f"NVML: {exc}"
+    return names.get(value, value)
+
+
+def _nvlink_gpu(nvml, h, dev: dict) -> tuple[dict, object]:
+    gpu = {"index": dev["index"], "uuid": normalize_uuid(dev["uuid"]),
+           "minor": _nvml_answer(lambda: nvml.nvmlDeviceGetMinorNumber(h), {}),
+           "pci_bus_id": _s(nvml.nvmlDeviceGetPciInfo(h).busId).upper()}
+    links = {"active": 0, "switch": 0, "gpus": {}}
+    for link in range(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            if nvml.nvmlDeviceGetNvLinkState(h, link) != nvml.NVML_FEATURE_ENABLED:
+                continue
+        except nvml.NVMLError as exc:  # InvalidArgument: past the GPU's last link; NotSupported: no NVLink
+            if link == 0 and not isinstance(exc, nvml.NVMLError_InvalidArgument):
+                return {**gpu, "nvlink": None, "nvlink_unavailable": f"NVML: {exc}"}, h
+            break
+        links["active"] += 1
+        remote = _nvml_answer(lambda: nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link), {})
+        if remote == NVLINK_TO_SWITCH:
+            links["switch"] += 1
+        else:
+            bus = _s(nvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).upper()
+            links["gpus"][bus] = links["gpus"].get(bus, 0) + 1
+    return {**gpu, "nvlink": links}, h
+
+
+def _nvlink_pair(nvml, a: tuple[dict, object], b: tuple[dict, object]) -> dict:
+    (ga, ha), (gb, hb) = a, b
+    la, lb = ga["nvlink"] or {}, gb["nvlink"] or {}
+    direct = la.get("gpus", {}).get(gb["pci_bus_id"], 0)
+    switch = la["switch"] if la.get("switch") and lb.get("switch") else 0
+    return {"a": ga["uuid"], "b": gb["uuid"], "nvlink": direct + switch, "direct": direct,
+            "through_nvswitch": switch,
+            "p2p_nvlink": _nvml_answer(lambda: nvml.nvmlDeviceGetP2PStatus(ha, hb, P2P_OVER_NVLINK), P2P_STATUS),
+            "common_ancestor": _nvml_answer(lambda: nvml.nvmlDeviceGetTopologyCommonAncestor(ha, hb), PCIE_PATHS)}
+
+
 def torch_devices() -> list[dict]:
     import torch
 
@@ -194,7 +271,7 @@ def build_parser():
                    help="also try to allocate this many MiB on each device and report whether it worked "
                         "(a MIG slice must refuse more than its memory)")
     p.add_argument("--expect-gpus", type=int, default=None,
-                   help="fail unless torch sees exactly this many CUDA devices")
+                   help="fail unless torch sees exactly this many CUDA devices (--device cpu: NVML this many GPUs)")
     return p
 
 
@@ -217,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         nvml=nvml_inventory(),
     )
     result["driver_version"] = result["nvml"].get("driver_version")
+    result["topology"] = nvml_topology(result["nvml"])
     targets = [f"cuda:{d['index']}" for d in result["torch_devices"]] if device == "cuda" else ["cpu"]
     result["kernel_checks"] = [kernel_check(t) for t in targets]
     if args.alloc_mib is not None:
@@ -227,8 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     normalize_torch_uuids(result["torch_devices"], result["nvml_uuids"])
     problems = [f"kernel check on {c['device']}: {c['wrong']} wrong elements"
                 for c in result["kernel_checks"] if not c["ok"]]
-    if args.expect_gpus is not None and len(result["torch_devices"]) != args.expect_gpus:
+    if args.expect_gpus is not None and device == "cuda" and len(result["torch_devices"]) != args.expect_gpus:
         problems.append(f"expected {args.expect_gpus} CUDA devices, torch sees {len(result['torch_devices'])}")
+    if args.expect_gpus is not None and device != "cuda" and len(result["nvml_uuids"]) != args.expect_gpus:
+        # no CUDA (NVIDIA's mock NVML): the GPUs the process can use are the ones NVML shows it
+        problems.append(f"expected {args.expect_gpus} GPUs, NVML shows {len(result['nvml_uuids'])}")
     problems += [f"NVML GPU {d['index']}: {d['error']}" for d in result["nvml"].get("devices") or [] if d.get("error")]
     result["problems"] = problems
     result["ok"] = not problems

@@ -2,9 +2,9 @@
 
 A benchmark runs once per GPU product of a real cluster, on the first node of that product,
 in a pod of the stock PyTorch image; records carry that node and product. On the embedded
-cluster (kwok nodes: pods never execute) the benchmarks skip, saying so, like every check that
-needs real GPUs; ``gpuproof bench --local`` runs them on this host, and gpuproof's own tests
-cover the workloads' CPU path.
+cluster the benchmarks run on its kubelet nodes (``backend: kubelet``), in the image those nodes
+lend (the host's Python over NVIDIA's mock NVML, computing on the CPU), and skip its kwok nodes
+(pods never execute there), saying so; ``gpuproof bench --local`` runs them on this host.
 """
 
 from __future__ import annotations
@@ -20,20 +20,30 @@ MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at 
 LOADGEN_IMAGE_ENV = "GPUPROOF_LOADGEN_IMAGE"
 
 
-def image() -> str:
+def image(run=None):
+    """The workload pods' image: the one the cluster lends (the embedded cluster's kubelet nodes: the host's
+    Python and venv over NVIDIA's mock NVML), else ``$GPUPROOF_IMAGE``, else the stock PyTorch image."""
     from ..workloads import DEFAULT_IMAGE
 
-    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+    return getattr(run, "workload_image", None) or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def device(run=None) -> str:
+    """What the workloads compute on: CUDA, or the CPU where the cluster's image says its GPUs are NVIDIA's mock
+    (the embedded cluster's kubelet nodes: every NVML reading is real mock data, the arithmetic runs on the CPU)."""
+    return getattr(getattr(run, "workload_image", None), "device", "cuda")
 
 
 def multinode_count(nodes: list) -> int:
     return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
 
 
-def loadgen_image() -> str:
+def loadgen_image(run=None):
+    """The load generator's image: the cluster's workload image where it lends one (it has locust), else
+    ``$GPUPROOF_LOADGEN_IMAGE``, else locust's own."""
     from ..workloads import DEFAULT_LOADGEN_IMAGE
 
-    return os.environ.get(LOADGEN_IMAGE_ENV) or DEFAULT_LOADGEN_IMAGE
+    return getattr(run, "workload_image", None) or os.environ.get(LOADGEN_IMAGE_ENV) or DEFAULT_LOADGEN_IMAGE
 
 
 def is_simulated(target, discovery=None) -> bool:
@@ -43,15 +53,17 @@ def is_simulated(target, discovery=None) -> bool:
 
 
 def require_real_gpus(target, discovery, gpu_products: dict) -> None:
-    """Skip a benchmark on the embedded cluster (simulated GPU nodes) or when discovery found no GPU product."""
+    """Skip a benchmark where no node of the cluster runs GPU code (``gpu_products`` holds only nodes that do:
+    on the embedded cluster its kubelet nodes, never its kwok nodes), saying why."""
     import pytest
 
     from ..pytest_plugin import REAL_GPU_REASON
 
-    if is_simulated(target, discovery):
+    if gpu_products:
+        return
+    if is_simulated(target, discovery) and all(n.simulated for n in getattr(discovery, "gpu_nodes", [])):
         pytest.skip(f"{REAL_GPU_REASON}; `gpuproof bench --local` runs the benchmarks on this host")
-    if not gpu_products:
-        pytest.skip("no GPU products found in the cluster")
+    pytest.skip("no GPU products found in the cluster")
 
 
 def node_gpus(discovery, node_name: str, all_gpus: bool = False) -> tuple[str, int]:
@@ -88,11 +100,11 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
             continue
         node = sorted(nodes)[0]
         resource, gpus = node_gpus(discovery, node, all_gpus)
-        p = bench.params(params or {}, device="cuda")
-        extra = {"loadgen_image": loadgen_image()} if name == "inference" else {}
+        p = bench.params(params or {}, device=device(run))
+        extra = {"loadgen_image": loadgen_image(run)} if name == "inference" else {}
         try:
             result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
-                                          image=image(), timeout=timeout, **extra)
+                                          image=image(run), timeout=timeout, **extra)
         except GpuproofError as exc:
             out[product] = f"{node}: {exc}"
             continue

@@ -182,7 +182,7 @@ class SimCluster:
             raise ControlPlaneError(
                 f"port {', '.join(busy)} on 127.0.0.1 is in use by another process, so the embedded cluster "
                 f"cannot start on base port {base} (it uses ports {base}-{base + 5}). Stop that process, or pick "
-                f"another base port with --port (or --port auto).")
+                f"another base port: --port of `gpuproof sim up`, --sim-port under pytest (`auto`: a free one).")
 
         deadline = time.monotonic() + timeout
         t0 = time.monotonic()
@@ -211,6 +211,13 @@ class SimCluster:
             self.down(progress=_quiet)
             raise
         return self.kubeconfig
+
+    def workload_image(self):
+        """The image (a :class:`gpuproof.workloads.Image`) gpuproof's workload pods run in on this cluster's
+        kubelet GPU nodes; None when it has none (its kwok nodes run no pods)."""
+        from . import kubelet
+
+        return kubelet.lent_image(self.dir)
 
     def down(self, progress: Progress = _quiet, keep_logs: bool = False) -> bool:
         """Stop every component and remove the state folder. Returns False if nothing was there."""
@@ -455,6 +462,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     classes = [c for c in dradriver.device_classes(sw) if wanted is None or c["metadata"]["name"] in wanted]
     for c in classes:
         custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", c)
+    pools = [p for p in pools if p.backend == "kwok"]     # on kubelet nodes the driver runs as pods (kubelet_dra)
     driven = [(name, gpunodes.mock_config(sw, p.gpu, seed=name, failures=p.nvml_failures(i)))
               for p in pools if not p.mig_enabled for i, name in enumerate(p.node_names())]
     outcome = dradriver.publish(sw, client, kubeconfig, driven, progress=progress)

@@ -7,7 +7,13 @@ full, registry-qualified name (the kubelet never pulls it: the name must already
 
 - ``pause``: a static C program (``PAUSE_C``) that reaps children and waits for a signal;
 - ``nvidia-node``: NVIDIA's device plugin and GPU Feature Discovery with NVIDIA's mock
-  ``libnvidia-ml.so.1`` where ``dlopen`` finds it, plus the glibc files they link against.
+  ``libnvidia-ml.so.1`` where ``dlopen`` finds it, plus the glibc files they link against;
+- ``coredns``: CoreDNS's static binary (the cluster DNS of kubelet nodes, :mod:`gpuproof.sim.clusternet`);
+- ``nvidia-dra-driver``: NVIDIA's DRA kubelet plugin and ``nvidia-cdi-hook`` (DRA nodes only,
+  :mod:`gpuproof.sim.kubelet_dra`);
+- ``workloads``: what gpuproof's workload pods run in on kubelet nodes: NVIDIA's mock ``libnvidia-ml.so.1``
+  (where the NVIDIA container toolkit would put the driver's) and the mount points for the host's ``/usr``,
+  Python and virtualenv, which the pods get read-only by hostPath (:func:`workload_runtime`).
 
 Tarballs are cached in ``$GPUPROOF_CACHE/images/`` under a digest of their contents.
 """
@@ -141,17 +147,71 @@ def pause_image() -> tuple[Path, str]:
     return write_oci(tar, PAUSE, layer, {"Entrypoint": ["/pause"]}), PAUSE
 
 
+def _programs_image(kind: str, tag: str, exes: dict[str, Path], loads: list[Path], files: dict[str, Path],
+                    links: dict[str, str]) -> tuple[Path, str]:
+    """An image ``<REGISTRY>/<kind>:<tag>`` of programs and files (image path -> host file), with the shared
+    libraries the programs and ``loads`` (libraries they load at run time) link against."""
+    tar, _ = _cached(kind, *(str(p.stat().st_size).encode() + p.name.encode() for p in [*exes.values(), *loads]),
+                     tag.encode())
+    name = f"{REGISTRY}/{kind}:{tag}"
+    if tar.exists():
+        return tar, name
+    layer = {path: (src.read_bytes(), 0o755) for path, src in [*exes.items(), *files.items()]}
+    layer.update({path: (src.read_bytes(), 0o755) for path, src in _libs([*exes.values(), *loads]).items()})
+    return write_oci(tar, name, _layer(layer, links), {"Env": ["PATH=/usr/bin:/bin"]}), name
+
+
 def nvidia_image(sw) -> tuple[Path, str]:
     """NVIDIA's device plugin and GFD with the mock NVML (a :class:`gpuproof.sim.nvidia.NodeSoftware`)."""
     exes = {f"/usr/bin/{n}": sw.exe(n) for n in ("nvidia-device-plugin", "gpu-feature-discovery")}
     mock = (sw.lib / "libnvidia-ml.so.1").resolve()
-    tar, key = _cached("nvidia-node", *(str(p.stat().st_size).encode() + p.name.encode()
-                                        for p in [*exes.values(), mock]), sw.root.name.encode())
-    name = f"{REGISTRY}/nvidia-node:{sw.root.name}"
+    links = {f"{LIB_DIR}/libnvidia-ml.so.1": mock.name, f"{LIB_DIR}/libnvidia-ml.so": "libnvidia-ml.so.1"}
+    return _programs_image("nvidia-node", sw.root.name, exes, [mock], {f"{LIB_DIR}/{mock.name}": mock}, links)
+
+
+def dra_driver_image(sw, cdi_hook: Path) -> tuple[Path, str]:
+    """NVIDIA's DRA kubelet plugin and ``nvidia-cdi-hook`` where NVIDIA's image has them (``/usr/bin``), with the
+    glibc files they and the mock NVML link against (the plugin loads the mock from the node's driver root)."""
+    exes = {"/usr/bin/gpu-kubelet-plugin": sw.exe("gpu-kubelet-plugin"), "/usr/bin/nvidia-cdi-hook": cdi_hook}
+    return _programs_image("nvidia-dra-driver", f"{sw.root.name}-{cdi_hook.parent.name}", exes,
+                           [(sw.lib / "libnvidia-ml.so.1").resolve()], {}, {})
+
+
+WORKLOADS_LIB = "/opt/nvidia/lib64"           # the mock NVML in the workloads image (on LD_LIBRARY_PATH)
+WORKLOADS_ROOTFS_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
+PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+GROUP = b"root:x:0:\nnogroup:x:65534:\n"
+
+
+def workloads_image(sw) -> tuple[Path, str]:
+    """The image gpuproof's workload pods run in on kubelet nodes: NVIDIA's mock NVML library and an empty
+    root whose ``/usr`` (glibc, ``sh``, ``getent``), Python and virtualenv the pod mounts from the host.
+
+    Why not an image with Python and torch in it: about 2 GB, imported into every node's containerd on every
+    start; the host's files are the same bytes and are read-only in the pod.
+    The mock lives in ``/opt``, not ``/usr``: the host's ``/usr`` is mounted over the image's.
+    """
+    mock = (sw.lib / "libnvidia-ml.so.1").resolve()
+    lib = WORKLOADS_LIB
+    tar, key = _cached("workloads", mock.read_bytes(), mock.name.encode(), PASSWD, GROUP, lib.encode(),
+                       json.dumps(WORKLOADS_ROOTFS_LINKS, sort_keys=True).encode(), sw.root.name.encode())
+    name = f"{REGISTRY}/workloads:{key}"
     if tar.exists():
         return tar, name
-    files = {path: (src.read_bytes(), 0o755) for path, src in exes.items()}
-    files[f"{LIB_DIR}/{mock.name}"] = (mock.read_bytes(), 0o755)
-    files.update({path: (src.read_bytes(), 0o755) for path, src in _libs([*exes.values(), mock]).items()})
-    links = {f"{LIB_DIR}/libnvidia-ml.so.1": mock.name, f"{LIB_DIR}/libnvidia-ml.so": "libnvidia-ml.so.1"}
-    return write_oci(tar, name, _layer(files, links), {"Env": ["PATH=/usr/bin:/bin"]}), name
+    files = {f"{lib}/{mock.name}": (mock.read_bytes(), 0o755), "/etc/passwd": (PASSWD, 0o644),
+             "/etc/group": (GROUP, 0o644), "/usr/.mount-point": (b"", 0o644), "/tmp/.keep": (b"", 0o644)}
+    links = {**WORKLOADS_ROOTFS_LINKS, f"{lib}/libnvidia-ml.so.1": mock.name, f"{lib}/libnvidia-ml.so": "libnvidia-ml.so.1"}
+    config = {"Env": [f"LD_LIBRARY_PATH={lib}", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"]}
+    return write_oci(tar, name, _layer(files, links), config), name
+
+
+def coredns_image(exe: Path, version: str) -> tuple[Path, str]:
+    """CoreDNS as its upstream image holds it: the static binary at ``/coredns``, its entrypoint. It runs as
+    root (upstream's image runs as nonroot with a file capability to bind port 53, which this writer has no
+    way to set); the addon's securityContext still drops every capability but NET_BIND_SERVICE."""
+    tar, _ = _cached("coredns", str(exe.stat().st_size).encode(), exe.parent.name.encode(), version.encode())
+    name = f"{REGISTRY}/coredns:{version}"
+    if tar.exists():
+        return tar, name
+    layer = _layer({"/coredns": (exe.read_bytes(), 0o755)}, {})
+    return write_oci(tar, name, layer, {"Entrypoint": ["/coredns"]}), name

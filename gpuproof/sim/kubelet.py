@@ -45,6 +45,7 @@ import yaml
 
 from ..errors import ControlPlaneError
 from . import binaries as _binaries
+from . import clusternet, kubelet_faults
 
 Progress = Callable[[str], None]
 KUBELET = ("kube", "k8s.io/kubernetes/cmd/kubelet")
@@ -124,6 +125,7 @@ class Node:
     labels: dict[str, str]
     taints: list[str]
     max_pods: int
+    dra: bool = False          # NVIDIA's DRA driver runs here, over containerd 1.7 with CDI (kubelet_dra)
 
     def ip(self, c: int) -> str:
         return f"10.250.{c}.{10 + self.index}"
@@ -202,7 +204,10 @@ def _sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------------------- config files
 
 
-def containerd_config(cni_conf_dir: Path, pause: str) -> str:
+def containerd_config(cni_conf_dir: Path, pause: str, cdi_spec_dirs: list[str] | None = None, shim: str = "") -> str:
+    """``cdi_spec_dirs``: CDI on (containerd 1.7+), reading specs there; ``shim``: the runc shim's path."""
+    cdi = f"\n  enable_cdi = true\n  cdi_spec_dirs = {json.dumps(cdi_spec_dirs)}" if cdi_spec_dirs else ""
+    shim = f'\n      runtime_path = "{shim}"' if shim else ""
     return f"""version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -215,12 +220,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   restrict_oom_score_adj = true
-  disable_apparmor = true
+  disable_apparmor = true{cdi}
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
+      runtime_type = "io.containerd.runc.v2"{shim}
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -248,6 +253,7 @@ def kubelet_config(node: Node, state: State, ca: Path) -> dict:
                            "x509": {"clientCAFile": str(ca)}},
         "authorization": {"mode": "AlwaysAllow"},
         "podCIDR": node.pod_cidr, "maxPods": node.max_pods, "resolvConf": "",
+        **clusternet.kubelet_dns(state.api_service),
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%",
                          "nodefs.inodesFree": "1%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
@@ -257,6 +263,12 @@ def kubelet_config(node: Node, state: State, ca: Path) -> dict:
 
 def node_kubeconfig(sim_dir: Path, node: Node, state: State, out: Path) -> Path:
     """A kubeconfig for ``system:node:<name>`` (group ``system:nodes``), signed by the cluster's CA."""
+    return client_kubeconfig(sim_dir, state, out, f"system:node:{node.name}", "system:nodes")
+
+
+def client_kubeconfig(sim_dir: Path, state: State, out: Path, user: str, group: str | None = None) -> Path:
+    """A kubeconfig in ``out`` for ``user`` (in ``group``) to the API server through the node bridge, with a
+    client certificate signed by the cluster's CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
@@ -267,16 +279,16 @@ def node_kubeconfig(sim_dir: Path, node: Node, state: State, out: Path) -> Path:
     ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
     ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
     key = _key()
-    cert = _sign(_name(f"system:node:{node.name}", "system:nodes"), key.public_key(), ca.subject, ca_key, ca=False,
+    cert = _sign(_name(user, group), key.public_key(), ca.subject, ca_key, ca=False,
                  usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
-    _write_key(out / "node.key", key)
-    _write_cert(out / "node.crt", cert)
+    _write_key(out / "client.key", key)
+    _write_cert(out / "client.crt", cert)
     cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "node",
            "clusters": [{"name": "sim", "cluster": {"server": f"https://{state.gateway}:{state.api_port}",
                                                     "certificate-authority": str(pki / "ca.crt"),
                                                     "tls-server-name": "127.0.0.1"}}],
-           "users": [{"name": "node", "user": {"client-certificate": str(out / "node.crt"),
-                                               "client-key": str(out / "node.key")}}],
+           "users": [{"name": "node", "user": {"client-certificate": str(out / "client.crt"),
+                                               "client-key": str(out / "client.key")}}],
            "contexts": [{"name": "node", "context": {"cluster": "sim", "user": "node"}}]}
     path = out / "kubeconfig"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -350,13 +362,7 @@ def _network_up(state: State, nodes: list[Node]) -> None:
         # pods reach the API server (and the host) as their node: the host routes no pod range
         _sh(*inside, "iptables", "-t", "nat", "-A", "POSTROUTING", "-s", n.pod_cidr, "-d", f"{gw}/32",
             "-j", "MASQUERADE")
-        # what kube-proxy would do for the one Service pods use in-cluster (KUBERNETES_SERVICE_HOST): its
-        # ClusterIP:443 goes to the API server through the bridge; the server's certificate names that IP
-        if state.api_service:
-            to = ["-d", f"{state.api_service}/32", "-p", "tcp", "--dport", "443", "-j", "DNAT",
-                  "--to-destination", f"{gw}:{state.api_port}"]
-            _sh(*inside, "iptables", "-t", "nat", "-A", "PREROUTING", *to)
-            _sh(*inside, "iptables", "-t", "nat", "-A", "OUTPUT", *to)
+        # Services, the `kubernetes` one included, are the node's kube-proxy's (clusternet.start_proxy)
 
 
 # ---------------------------------------------------------------------------- start / stop
@@ -375,11 +381,12 @@ def _pick_subnet(cluster: str) -> int:
 def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, dict[str, str]] | None = None,
           progress: Progress = _quiet, timeout: float = 180.0, private: bool = False,
           extra_images: list[tuple[Path, str]] | None = None, api_service: str = "",
-          gpus: dict[str, int] | None = None) -> State:
+          gpus: dict[str, int] | None = None, node_images: dict[str, list[tuple[Path, str]]] | None = None) -> State:
     """Start a kubelet node for each of ``nodes``; returns when their containerds answer (not yet Ready).
 
     ``gpu_files``: node name -> {path under the node's /var/lib: content} (its mock NVML config ...);
-    ``gpus``: node name -> how many ``/dev/nvidia<N>`` device nodes it has (under ``DEV_ROOT``).
+    ``gpus``: node name -> how many ``/dev/nvidia<N>`` device nodes it has (under ``DEV_ROOT``);
+    ``node_images``: node name -> images only that node imports (``extra_images``: every node).
     """
     why = missing()
     if why:
@@ -390,6 +397,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     from . import images
 
     tars = [images.pause_image(), *(extra_images or [])]
+    node_images = clusternet.prepare(nodes, node_images, progress)     # CoreDNS's image, on its node
     cluster = hashlib.sha256(str(sim_dir.resolve()).encode()).hexdigest()[:4]
     state = State(cluster=cluster, subnet=_pick_subnet(cluster), api_port=api_port, api_service=api_service,
                   nodes=[n.name for n in nodes])
@@ -401,7 +409,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
         _network_up(state, nodes)
         for n in nodes:
             _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), (gpus or {}).get(n.name, 0),
-                        tars, timeout)
+                        [*tars, *(node_images or {}).get(n.name, [])], timeout)
             _save(sim_dir, state)
             progress(f"kubelet node {n.name}: containerd and kubelet started ({n.ip(state.subnet)})")
     except BaseException:
@@ -415,8 +423,8 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     from . import images
 
     root = state_dir(sim_dir) / n.name
-    var_lib, run, etc = root / "var-lib", root / "run", root / "etc"
-    for d in (var_lib / "kubelet", run, etc / "cni", root / "logs"):
+    var_lib, run, etc, var_log = root / "var-lib", root / "run", root / "etc", root / "var-log"
+    for d in (var_lib / "kubelet", run, etc / "cni", root / "logs", var_log):
         d.mkdir(parents=True, exist_ok=True)
     for rel, content in files.items():
         (var_lib / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -429,18 +437,30 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
         dev.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mknod(dev / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
+    runtime = None
+    if n.dra:       # NVIDIA's DRA driver reads the driver root around dev/; its CDI specs need containerd 1.7
+        from . import kubelet_dra
+
+        kubelet_dra.driver_root(dev.parent, var_lib / NODE_FILES / "mock-nvml.yaml")
+        runtime = kubelet_dra.containerd()
     (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(cni_config(n)))
-    (etc / "containerd.toml").write_text(containerd_config(etc / "cni", images.PAUSE))
+    (etc / "containerd.toml").write_text(containerd_config(etc / "cni", images.PAUSE, **(
+        kubelet_dra.containerd_settings(runtime) if runtime else {})))
     (etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(n, state, Path(sim_dir) / "pki" / "ca.crt")))
     kubeconfig = node_kubeconfig(sim_dir, n, state, etc)
     _make_cgroup(state, f"{n.name}/daemons")
     join = _join_cgroup(state, f"{n.name}/daemons")
     netns = f"--net=/run/netns/{state.netns(n.index)}"
-    script = 'mount --bind "$1" /var/lib && mount --bind "$2" /run && shift 2 && exec "$@"'
+    # shared inside the node's namespace (private to the host), as a real node's mounts are: the mount
+    # propagation pods ask for (NVIDIA's DRA driver: Bidirectional, HostToContainer) needs it
+    script = ('mount --bind "$1" /var/lib && mount --make-rshared /var/lib && mount --bind "$2" /run && '
+              'mount --make-rshared /run && mount --bind "$3" /var/log && shift 3 && exec "$@"')
+    # /var/log too: each kubelet removes the /var/log/pods folders of the pods it does not run (other nodes')
     sock = run / "containerd" / "containerd.sock"
     containerd = _spawn(root / "logs" / "containerd.log", join,
                         "nsenter", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                        "sh", str(var_lib), str(run), "containerd", "--config", str(etc / "containerd.toml"))
+                        "sh", str(var_lib), str(run), str(var_log), str(runtime / "containerd") if runtime else "containerd",
+                        "--config", str(etc / "containerd.toml"))
     state.pids[f"{n.name}/containerd"] = containerd.pid
     # inside the node's mount namespace: the host path of the socket may pass the 108-byte limit of a unix address
     ctr = ("nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", "ctr", "--address", "/run/containerd/containerd.sock")
@@ -462,6 +482,7 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     proc = _spawn(root / "logs" / "kubelet.log", join, "nsenter", netns, f"--mount=/proc/{containerd.pid}/ns/mnt",
                   *args)
     state.pids[f"{n.name}/kubelet"] = proc.pid
+    clusternet.start_proxy(sim_dir, state, n, root, join, netns, f"--mount=/proc/{containerd.pid}/ns/mnt")
 
 
 def _spawn(log: Path, preexec: Callable[[], None], *cmd: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -526,6 +547,7 @@ def _kill_all(state: State, timeout: float = 30.0) -> None:
 # ---------------------------------------------------------------------------- a fleet's kubelet pools
 
 NVIDIA_NODE_LABEL = "gpuproof.dev/nvidia-node"          # where the NVIDIA DaemonSets run (gpuproof's own label)
+DRA_NODE_LABEL = "gpuproof.dev/dra-node"                # where NVIDIA's DRA driver runs, not the device plugin
 PLUGIN_NAMESPACE = "nvidia-device-plugin"
 NFD_NAMESPACE = "node-feature-discovery"
 GFD_ACCOUNT = "nvidia-device-plugin-service-account"   # as NVIDIA's chart names it
@@ -543,31 +565,71 @@ def fleet_nodes(fleet) -> list[tuple[Node, object]]:
         labels = {POOL_LABEL: pool.instance_type or pool.name, **pool.labels}
         if pool.gpu is not None:
             labels[NVIDIA_NODE_LABEL] = "true"
+        if pool.dra:
+            labels[DRA_NODE_LABEL] = "true"
         for name in pool.node_names():
-            out.append((Node(name, len(out), labels, [str(t) for t in pool.taints], pool.pods), pool))
+            out.append((Node(name, len(out), labels, [str(t) for t in pool.taints], pool.pods, dra=pool.dra), pool))
     return out
 
 
 def node_files(sw, fleet, node: Node, pool) -> dict[str, str]:
     """What NVIDIA's software on a GPU node reads: the node's mock NVML config, the pool's plugin config and
-    the machine's product name (GFD's ``gpu.machine``; a real node's ``/sys/class/dmi/id/product_name``)."""
+    the machine's product name (GFD's ``gpu.machine``; a real node's ``/sys/class/dmi/id/product_name``).
+
+    The node's faults go into its NVML: ``nvmlFailures`` into the mock config, ``nvmlCtl`` commands through
+    NVIDIA's ``nvml-mock-ctl`` into ``overrides.yaml`` beside it, where the mock reads them (and re-reads them
+    within a second: ``nvml-mock-ctl --file <node>/var-lib/gpuproof/overrides.yaml`` changes a running node)."""
     from .gpunodes import mock_config, plugin_config
 
-    return {f"{NODE_FILES}/mock-nvml.yaml": yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}"),
-                                                           sort_keys=False),
-            f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False),
-            f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
+    index = pool.node_names().index(node.name)
+    config = yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}",
+                                        failures=pool.nvml_failures(index)), sort_keys=False)
+    plugin = pool.node_plugin_config(index, plugin_config(pool))         # with its faults' devicePluginConfig
+    files = {f"{NODE_FILES}/mock-nvml.yaml": config,
+             f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin, sort_keys=False),
+             f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
+    commands = pool.nvml_ctl(index)
+    if commands:
+        files[f"{NODE_FILES}/{MOCK_OVERRIDES}"] = _mock_overrides(sw, config, commands, node.name)
+    return files
+
+
+MOCK_OVERRIDES = "overrides.yaml"      # the mock reads it beside its config (engine/config.go)
+
+
+def _mock_overrides(sw, config: str, commands: list[str], node: str) -> str:
+    """The overrides file NVIDIA's ``nvml-mock-ctl`` writes for ``commands`` over the mock config ``config``."""
+    import shlex
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg, out = Path(tmp) / "config.yaml", Path(tmp) / MOCK_OVERRIDES
+        cfg.write_text(config)
+        for cmd in commands:
+            proc = subprocess.run([str(sw.exe("nvml-mock-ctl")), "--file", str(out), "--config", str(cfg),
+                                   *shlex.split(cmd)], capture_output=True, text=True, timeout=60)
+            if proc.returncode != 0:
+                raise ControlPlaneError(f"kubelet node {node}: nvml-mock-ctl {cmd}: "
+                                        f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
+        return out.read_text()
+
+
+def with_node_files(container: dict, volumes: list[dict]) -> tuple[dict, list[dict]]:
+    """The container (and the pod's volumes) reading the node's files (mock NVML config, plugin config) from
+    /etc/gpuproof, NVIDIA's mock NVML over the node's config."""
+    container = {**container, "env": [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"},
+                                      *container.get("env", [])],
+                 "volumeMounts": [*container.get("volumeMounts", []),
+                                  {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]}
+    return container, [*volumes, {"name": "node-files", "hostPath": {"path": f"/var/lib/{NODE_FILES}",
+                                                                     "type": "Directory"}}]
 
 
 def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], **spec) -> dict:
-    """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files (mock NVML config, plugin
-    config) from /etc/gpuproof."""
+    """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files from /etc/gpuproof."""
     labels = {"app.kubernetes.io/name": app}
-    container = {"image": container.pop("image"), "imagePullPolicy": "Never", **container}
-    container["env"] = [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"}, *container.get("env", [])]
-    container["volumeMounts"] = [*container.get("volumeMounts", []),
-                                 {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]
-    volumes = [*volumes, {"name": "node-files", "hostPath": {"path": f"/var/lib/{NODE_FILES}", "type": "Directory"}}]
+    container, volumes = with_node_files({"image": container.pop("image"), "imagePullPolicy": "Never", **container},
+                                         volumes)
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": PLUGIN_NAMESPACE, "labels": labels},
@@ -585,7 +647,9 @@ def device_plugin_daemonset(image: str) -> dict:
         # device specs for the GPUs it allocates, so a container sees only those (containerd 1.6: no CDI, no NRI)
         "env": [{"name": "PASS_DEVICE_SPECS", "value": "true"}, {"name": "NVIDIA_DEV_ROOT", "value": DEV_ROOT}],
         "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"}]},
-        [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}])
+        [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": DRA_NODE_LABEL, "operator": "DoesNotExist"}]}]}}})
 
 
 def gfd_daemonset(image: str) -> dict:
@@ -665,6 +729,8 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
             client.core.delete_node(name)
     wanted = fleet_nodes(fleet)
     if not wanted:
+        if previous:
+            clusternet.unload(client)          # no Services or cluster DNS without kubelet nodes
         return
     why = missing()
     if why:
@@ -680,10 +746,21 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         nfd = nfd_master(progress)
         files = {n.name: node_files(sw, fleet, n, p) for n, p in gpu}
         image = images.nvidia_image(sw)
+        workloads = images.workloads_image(sw)
+    dra = [n.name for n, _ in gpu if n.dra]
+    if dra:
+        from . import kubelet_dra
+
+        dra_image = kubelet_dra.prepare(sw, progress)
     service = client.core.read_namespaced_service("kubernetes", "default").spec.cluster_ip
     state = start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout,
                   private=private, extra_images=[image] if image else [], api_service=service,
-                  gpus={n.name: p.gpu.count for n, p in gpu})
+                  gpus={n.name: p.gpu.count for n, p in gpu},
+                  node_images=kubelet_faults.node_images(wanted, {"workloads": workloads} if image else {},
+                                                         {n: [dra_image] for n in dra}))
+    if gpu:
+        (state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE).write_text(json.dumps(workload_image(workloads[1]).to_json()))
+    clusternet.deploy(client, state, progress)
     client.wait_nodes_ready([n.name for n, _ in wanted], timeout=timeout)
     if gpu:
         _start_nfd_master(sim_dir, state, nfd, client)
@@ -693,18 +770,51 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
             with contextlib.suppress(ApiException):
                 client.apps.delete_namespaced_daemon_set(ds["metadata"]["name"], PLUGIN_NAMESPACE)
             client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, ds)
-        _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout)
+        if dra:
+            kubelet_dra.deploy(client, sw, dra, dra_image[1], timeout, progress)
+        crashed = kubelet_faults.wait_device_plugins(client, {n.name for n, _ in gpu} - set(dra), PLUGIN_NAMESPACE,
+                                                     timeout, progress)
+        _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout, no_plugin=set(dra) | crashed)
+    clusternet.wait(client, state, timeout)
     progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"
              + (f"; NVIDIA's device plugin and GFD advertise and label GPUs on {len(gpu)}" if gpu else ""))
 
 
-def _wait_gpu_nodes(client, names: set[str], timeout: float) -> None:
-    """Until every GPU node has the device plugin's resources and GFD's labels (through NFD's master)."""
+WORKLOAD_IMAGE_FILE = "workload-image.json"
+
+
+def workload_image(name: str):
+    """How gpuproof's workload pods run on kubelet nodes: the workloads image (NVIDIA's mock NVML), the host's
+    ``/usr``, Python and virtualenv read-only at their own paths (the interpreter this process runs, so the pods
+    have torch, nvidia-ml-py and locust exactly as this host does), and the node's mock NVML config, where the
+    NVIDIA container toolkit would give a real node's driver. The workloads take their CPU path (``device``):
+    NVML answers for the node's GPUs, CUDA has none."""
+    from ..workloads import Image
+
+    paths = list(dict.fromkeys(os.path.realpath(p) for p in ("/usr", sys.base_prefix, sys.prefix)))
+    host = [p for p in paths if not any(p.startswith(q + "/") for q in paths)]   # none inside another
+    return Image(name, host_paths=tuple(host), node_paths=((f"/var/lib/{NODE_FILES}", "/etc/gpuproof"),),
+                 env=(("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/local/bin:/usr/bin:/bin"),
+                      ("MOCK_NVML_CONFIG", "/etc/gpuproof/mock-nvml.yaml"), ("PYTHONNOUSERSITE", "1")),
+                 pull_policy="Never", device="cpu")
+
+
+def lent_image(sim_dir: Path):
+    """The workload image this cluster's kubelet nodes lend (None: no kubelet GPU nodes)."""
+    from ..workloads import Image
+
+    f = state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE
+    return Image.from_json(json.loads(f.read_text())) if f.exists() else None
+
+
+def _wait_gpu_nodes(client, names: set[str], timeout: float, no_plugin: set[str] = frozenset()) -> None:
+    """Until every GPU node has GFD's labels (through NFD's master) and, unless ``no_plugin`` names it (NVIDIA's DRA
+    driver offers its GPUs, or its device plugin crash-loops), the device plugin's resources."""
     from ..cluster import watch_until
 
     def done(node) -> bool:
-        return "nvidia.com/gpu.product" in (node.metadata.labels or {}) and \
-            any(k.startswith("nvidia.com/") and v not in ("0", 0) for k, v in (node.status.allocatable or {}).items())
+        return "nvidia.com/gpu.product" in (node.metadata.labels or {}) and (node.metadata.name in no_plugin or any(
+            k.startswith("nvidia.com/") and v not in ("0", 0) for k, v in (node.status.allocatable or {}).items()))
 
     watch_until(client.core.list_node, lambda cache: all(n in cache and done(cache[n]) for n in names), timeout,
                 f"NVIDIA's device plugin to advertise GPUs and GFD's labels on {len(names)} kubelet node(s)")

@@ -1,0 +1,83 @@
+"""Node faults on kubelet nodes (issue #28) that fail the checks about pods on the node: NVIDIA's device plugin
+crash-looping, and gpuproof's health pod that cannot start. Each fault changes only what one node holds; the
+kubelet, containerd and NVIDIA's plugin make the failure (``gpuproof/sim/kubelet_faults.py``), and the check fails
+on that node through the user's entry point (``gpuproof run``), naming node, expected and actual, while the
+healthy node beside it passes.
+
+- ``devicePluginConfig``: a100-0's own device-plugin config (NVIDIA's chart picks one per node by its
+  ``nvidia.com/device-plugin.config`` label) asks for CDI (``deviceListStrategy: cdi-cri``). NVIDIA's plugin v0.19.3
+  then builds a CDI spec at start, finds no ``libcuda.so`` in the node's driver root and exits 1 ("unable to create
+  cdi spec file: ... failed to locate libcuda.so"), again at every restart: its pod crash-loops. GFD, which reads
+  the same file but makes no CDI spec, still labels the node, so it stays a GPU node by its labels.
+- ``missingImages: [workloads]``: a100-0's containerd lacks the image gpuproof's workload pods run in (an
+  air-gapped node built without it). The health pod stays ``ErrImageNeverPull`` there; the wait for it ends at
+  once, saying so, instead of at the workload's deadline.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from test_kubelet_pods import NEEDS, gpuproof_run, records
+
+from gpuproof.errors import FleetError
+from gpuproof.fleet import parse_fleet
+
+pytestmark = [pytest.mark.sim, pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")]
+
+CDI = {"devicePluginConfig": {"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}}
+NO_WORKLOAD_IMAGE = {"missingImages": ["workloads"]}
+# case: (the fault on a100-0, the checks `-k` selects, [(check, node, expected, words of the actual)] that must fail)
+FAULTS = {
+    "device-plugin-asked-for-cdi-without-libcuda": (CDI, "device_plugin_pod_ready", [
+        ("device-plugin-ready", "a100-0", "a Ready nvidia-device-plugin pod",
+         "nvidia-device-plugin-ctr: CrashLoopBackOff, last exit 1")]),
+    "workload-image-missing-on-the-node": (NO_WORKLOAD_IMAGE, "health", [
+        ("health-pod", "a100-0", "the health pod finishes with a JSON result",
+         "can never start on node a100-0: container health: ErrImageNeverPull")]),
+}
+
+
+def fleet(fault: dict) -> dict:
+    """Two kubelet A100 nodes with one GPU each; ``fault`` on a100-0, a100-1 healthy."""
+    return {"name": "knodefaults", "pools": [
+        {"name": "a100", "count": 2, "backend": "kubelet", "instanceType": "a2-highgpu-1g",
+         "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1}, "faults": [{"node": 0, **fault}]}]}
+
+
+def test_node_faults_are_refused_off_kubelet_nodes_and_checked():
+    kwok = fleet(CDI)["pools"][0] | {"backend": "kwok"}
+    with pytest.raises(FleetError, match=r"faults\[0\].devicePluginConfig: is for kubelet nodes"):
+        parse_fleet({"name": "x", "pools": [kwok]}, source="x.yaml")
+    with pytest.raises(FleetError, match=r"faults\[0\].missingImages: is for kubelet nodes"):
+        parse_fleet(fleet(NO_WORKLOAD_IMAGE) | {"pools": [kwok | {"faults": [NO_WORKLOAD_IMAGE]}]}, source="x.yaml")
+    with pytest.raises(FleetError, match=r"missingImages\[0\]: 'pause' is not an image a kubelet node can lack"):
+        parse_fleet(fleet({"missingImages": ["pause"]}), source="x.yaml")
+    with pytest.raises(FleetError, match=r"devicePluginConfig.plugin: NVIDIA's device-plugin config has the mapping"):
+        parse_fleet(fleet({"devicePluginConfig": {"plugin": {"deviceListStrategy": "cdi-cri"}}}), source="x.yaml")
+    pool = parse_fleet(fleet(CDI), source="x.yaml").pools[0]
+    base = {"version": "v1", "flags": {"migStrategy": "none"}}
+    assert pool.node_plugin_config(0, base) == {"version": "v1", "flags": {
+        "migStrategy": "none", "plugin": {"deviceListStrategy": "cdi-cri"}}}
+    assert pool.node_plugin_config(1, base) == base
+
+
+@pytest.mark.parametrize("case", list(FAULTS))
+def test_the_node_fault_fails_its_check_and_the_healthy_node_passes(tmp_path, case):
+    fault, selection, expectations = FAULTS[case]
+    path = tmp_path / "knodefaults.yaml"
+    path.write_text(yaml.safe_dump(fleet(fault)))
+    proc, run = gpuproof_run(tmp_path, "--fleet", str(path), "-k", selection)
+    assert proc.returncode == 1, f"expected {selection} to fail on a100-0:\n{proc.stdout[-3000:]}"
+    checks = records(run, "checks.jsonl")
+    for check, node, expected, actual in expectations:
+        failed = [r for r in checks if r["verdict"] == "fail"]
+        assert [(r["check"], r["target"]) for r in failed] == [(check, node)], failed
+        rec = failed[0]
+        assert rec["expected"] == expected and actual in str(rec["actual"]), rec
+        assert f"{node}: " in proc.stdout and actual in proc.stdout, "the failure line names node and actual"
+        beside = [r["verdict"] for r in checks if r["feature"] == rec["feature"] and r["target"] == "a100-1"]
+        assert "pass" in beside and "fail" not in beside, f"a100-1 has no fault: {beside}"
+    if fault is CDI:     # NVIDIA's plugin said why, as the cluster came up
+        assert "a100-0: NVIDIA's device plugin crash-loops: error starting plugins: error getting plugins: unable " \
+               "to create cdi spec file" in proc.stdout + proc.stderr, proc.stdout[-3000:]
