@@ -71,5 +71,15 @@ fi
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
   echo "[setup] kubelet, kube-proxy, CoreDNS and NFD's nfd-master for kubelet nodes (built once from controlplane/kube, controlplane/coredns and controlplane/nfd)"
   .venv/bin/python -c 'from gpuproof.sim import clusternet, kubelet; kubelet.kubelet_binary(); kubelet.nfd_master(); clusternet.build()' >/dev/null
+  echo "[setup] containerd 1.7 and nvidia-cdi-hook for DRA kubelet nodes (built once from controlplane/containerd and controlplane/cdihook)"
+  .venv/bin/python -c 'from gpuproof.sim import kubelet_dra; kubelet_dra.containerd(); kubelet_dra.cdi_hook()' >/dev/null
+fi
+# every kubelet and device plugin holds inotify instances (about 6 a kubelet node); the kernel's default of 128 per
+# user runs out at about three lab-sized clusters and NVIDIA's device plugin then exits with "too many open
+# files". Raised, never lowered, as kind's documentation advises for its nodes.
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/fs/inotify/max_user_instances ] && \
+   [ "$(cat /proc/sys/fs/inotify/max_user_instances)" -lt 512 ]; then
+  echo "[setup] fs.inotify.max_user_instances $(cat /proc/sys/fs/inotify/max_user_instances) -> 512 (kubelet nodes)"
+  echo 512 > /proc/sys/fs/inotify/max_user_instances
 fi
 # ---- end of kubelet nodes ----------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class Image:
     embedded cluster's kubelet nodes lend the host's Python and virtualenv (``gpuproof.sim.kubelet``)."""
 
     name: str
-    host_paths: tuple[str, ...] = ()        # host folders mounted read-only at the same path in the container
+    host_paths: tuple[tuple[str, str], ...] = ()   # (host path, container path): the host's files, read-only
     node_paths: tuple[tuple[str, str], ...] = ()   # (node folder, container path): the node's own files, read-only
     env: tuple[tuple[str, str], ...] = ()
     pull_policy: str = ""                   # "Never": the image is already on every node
@@ -68,7 +68,7 @@ class Image:
 
     def volumes(self) -> tuple[list[dict], list[dict]]:
         vols, mounts = [], []
-        pairs = [(p, p, "Directory") for p in self.host_paths] + [(n, c, "DirectoryOrCreate") for n, c in self.node_paths]
+        pairs = [(h, c, "") for h, c in self.host_paths] + [(n, c, "DirectoryOrCreate") for n, c in self.node_paths]
         for i, (host, path, kind) in enumerate(pairs):
             vols.append({"name": f"lent-{i}", "hostPath": {"path": host, "type": kind}})
             mounts.append({"name": f"lent-{i}", "mountPath": path, "readOnly": True})
@@ -79,7 +79,7 @@ class Image:
 
     @classmethod
     def from_json(cls, data: dict) -> "Image":
-        return cls(name=data["name"], host_paths=tuple(data.get("host_paths") or ()),
+        return cls(name=data["name"], host_paths=tuple(tuple(p) for p in data.get("host_paths") or ()),
                    node_paths=tuple(tuple(p) for p in data.get("node_paths") or ()),
                    env=tuple(tuple(e) for e in data.get("env") or ()), pull_policy=data.get("pull_policy") or "",
                    device=data.get("device") or "cuda")

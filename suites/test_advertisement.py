@@ -7,9 +7,12 @@ resources at 0 after a MIG or sharing change) is not advertised. On real cluster
 device-plugin pods are Ready on every GPU node.
 """
 
+from datetime import datetime, timezone
+
 import pytest
 
 from gpuproof.catalog import lookup
+from gpuproof.cluster import watch_until
 from gpuproof.discovery import GPU, GPU_SHARED
 from gpuproof.pytest_plugin import for_nodes
 
@@ -92,16 +95,51 @@ def _is_device_plugin(p) -> bool:
     return bool(containers & PLUGIN_CONTAINERS) or any(labels.get(k) == v for k, v in PLUGIN_LABELS)
 
 
+# A crash-looping plugin is Ready for about a second after each restart, until its kubelet sees it exit again: a pod
+# whose container came back from an exit with an error less than this long ago is judged once it has run this long,
+# or exited again (the kubelet's first back-off is 10 s).
+STEADY_S = 10.0
+
+
+def _ready(p) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))
+
+
+def _just_restarted(p) -> bool:
+    """Ready, with a container back from an exit with an error less than STEADY_S ago."""
+    if not _ready(p):
+        return False
+    now = datetime.now(timezone.utc)
+    for c in p.status.container_statuses or []:
+        last, running = c.last_state.terminated if c.last_state else None, c.state.running if c.state else None
+        if last and last.exit_code and running and running.started_at and \
+                (now - running.started_at).total_seconds() < STEADY_S:
+            return True
+    return False
+
+
+def _steady(core, p):
+    """The pod once it is not just back from an error (as it is, or as last seen if it went away)."""
+    if not _just_restarted(p):
+        return p
+    name = p.metadata.name
+    return watch_until(core.list_namespaced_pod, lambda c: [c.get(name, p)] if not _just_restarted(c.get(name, p))
+                       else None, STEADY_S + 30, f"device-plugin pod {name} to run {STEADY_S:.0f}s or exit again",
+                       tick=1.0, namespace=p.metadata.namespace, field_selector=f"metadata.name={name}")[0]
+
+
 def _pod_state(p) -> str:
-    """'<namespace>/<name>: <phase>', and for each container that is not ready why (waiting reason, last exit code,
-    restarts): a crash-looping plugin is Running between its restarts."""
+    """'<namespace>/<name>: <phase>', and why each container that is not ready is not (its last exit code, restarts,
+    waiting reason): a crash-looping plugin's pod stays Running between its restarts."""
     state = f"{p.metadata.namespace}/{p.metadata.name}: {p.status.phase}"
     for c in p.status.container_statuses or []:
-        if not c.ready:
-            waiting = c.state.waiting if c.state else None
-            last = c.last_state.terminated if c.last_state else None
-            state += (f"; {c.name}: {waiting.reason if waiting else 'not ready'}"
-                      + (f", last exit {last.exit_code}" if last else "") + f", {c.restart_count} restart(s)")
+        if c.ready:
+            continue
+        exited = (c.state.terminated if c.state else None) or (c.last_state.terminated if c.last_state else None)
+        waiting = c.state.waiting if c.state else None
+        why = [f"last exit {exited.exit_code}" if exited else "", f"{c.restart_count} restart(s)" if c.restart_count
+               else "", waiting.reason if waiting else ""]
+        state += f"; {c.name} not ready: {', '.join(w for w in why if w) or 'starting'}"
     return state
 
 
@@ -110,9 +148,8 @@ def test_device_plugin_pod_ready_on_node(gpu_node, target, check):
     if gpu_node.simulated:
         check.skip("device-plugin-ready", "simulated node: no device-plugin pod runs on kwok nodes")
     pods = target.cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={gpu_node.name}").items
-    plugin = [p for p in pods if _is_device_plugin(p)]
-    ready = [p.metadata.name for p in plugin if any(c.type == "Ready" and c.status == "True"
-                                                     for c in (p.status.conditions or []))]
+    plugin = [_steady(target.cluster.core, p) for p in pods if _is_device_plugin(p)]
+    ready = [p.metadata.name for p in plugin if _ready(p) and not _just_restarted(p)]
     check.true("device-plugin-ready", bool(ready), expected="a Ready nvidia-device-plugin pod",
                actual=[_pod_state(p) for p in plugin] or "none",
                what="device-plugin pod on the node")

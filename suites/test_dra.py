@@ -356,11 +356,15 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
                                       node=node, image=image(run))
     manifest["spec"]["tolerations"] = TOLERATE_ALL     # gpus=0 adds no GPU toleration: the GPU comes by the claim
     run.apply(dra.use_claims(manifest, template="probe-one"))
-    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
-                     "to finish (image pull included)")
+    # the claim made from the template is deleted once the pod ends: read its allocation when the pod is bound
+    # (the scheduler allocates before it binds; the kubelet then prepares the claim and starts the container)
+    p = run.wait_pod("dra-probe", lambda x: bool(x.spec.node_name), target.timeout(300), "to be scheduled")
     want = sorted(devices[(pool, dev)].uuid for c in dra.claims_of_pod(run, p) for _, pool, dev in dra.allocated(c)
                   if (pool, dev) in devices)
-    seen = sorted(nvml_device_ids(workloads.parse_result(run.pod_logs("dra-probe"), what="probe pod dra-probe")))
+    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
+                     "to finish (image pull included)")
+    seen = sorted(nvml_device_ids(workloads.parse_result(run.pod_logs("dra-probe"),
+                                                         what=f"probe pod dra-probe ({pod_outcome(p)})")))
     check.equal("dra-probe-uuid", want, seen, what="NVML UUIDs in the pod vs the claim's allocated device",
                 target=p.spec.node_name)
 

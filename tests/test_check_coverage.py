@@ -31,9 +31,6 @@ BUILT = {
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
                  "container)")
 WAITING = {
-    "health-pod": f"{KUBELET_NODES}: the health workload pod must start and fail to report",
-    "device-plugin-ready": f"{KUBELET_NODES}: a device-plugin pod that is not Ready (kwok nodes have none; the "
-                           "check skips on simulated nodes)",
     "dra-probe-uuid": f"{KUBELET_NODES}: a probe pod whose NVML UUIDs differ from the claim's device",
     "dra-freed-claim-reused": "a claim that stays allocated after its pod is gone: kube-controller-manager's "
                               "resource-claim controller both makes the suite's claims and frees them, so the "
@@ -66,6 +63,7 @@ def fault_tables() -> dict[str, dict]:
     """test id -> its table: case -> row whose last item lists (check, target, expected, actual, ...)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import test_dra
+    import test_kubelet_faults
     import test_real_gpu_checks
     import test_real_shapes
     import test_suite_faults
@@ -83,6 +81,8 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,
         "tests/test_topology.py::test_a_fragmented_set_fails_naming_node_expected_actual": test_topology.FAULTS,
+        "tests/test_kubelet_faults.py::test_the_node_fault_fails_its_check_and_the_healthy_node_passes":
+            test_kubelet_faults.FAULTS,
     }
 
 

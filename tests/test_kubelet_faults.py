@@ -31,10 +31,10 @@ NO_WORKLOAD_IMAGE = {"missingImages": ["workloads"]}
 FAULTS = {
     "device-plugin-asked-for-cdi-without-libcuda": (CDI, "device_plugin_pod_ready", [
         ("device-plugin-ready", "a100-0", "a Ready nvidia-device-plugin pod",
-         "nvidia-device-plugin-ctr: CrashLoopBackOff, last exit 1")]),
+         "nvidia-device-plugin-ctr not ready: last exit 1")]),
     "workload-image-missing-on-the-node": (NO_WORKLOAD_IMAGE, "health", [
         ("health-pod", "a100-0", "the health pod finishes with a JSON result",
-         "can never start on node a100-0: container health: ErrImageNeverPull")]),
+         "can never start on node a100-0: container workload: ErrImageNeverPull")]),
 }
 
 

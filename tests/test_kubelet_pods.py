@@ -112,6 +112,8 @@ def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
         f"NVIDIA's device plugin refuses 2 shared GPUs, judged from the pool's config file: {refused}"
     ready = {r["target"] for r in checks if r["check"] == "device-plugin-ready" and r["verdict"] == "pass"}
     assert kubelet_gpu_nodes <= ready, f"device-plugin-ready passed on {ready}"
+    dra_probe = [(r["target"], r["verdict"]) for r in checks if r["check"] == "dra-probe-uuid"]
+    assert dra_probe == [("a100-dra-0", "pass")], f"the claim's GPU, and only it, in the pod: {dra_probe}"
     nvlink = {r["target"]: r["verdict"] for r in checks if r["check"] == "nvlink-set"}
     assert nvlink == {"a100-0": "pass", "a100-1": "pass"}, nvlink
     metrics = records(run, "metrics.jsonl")

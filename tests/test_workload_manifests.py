@@ -148,3 +148,33 @@ def test_parse_result_takes_the_last_json_line():
     assert wl.parse_result(logs) == {"ok": True, "x": 2}
     with pytest.raises(GpuproofError, match="no JSON result"):
         wl.parse_result("Traceback (most recent call last):\n  boom\n")
+
+
+def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workload():
+    """The embedded cluster's kubelet nodes lend an image with the host's Python (gpuproof.sim.kubelet.workload_image):
+    every workload object mounts its folders read-only at the same path, with its environment."""
+    from gpuproof.loadpods import distributed_manifests
+
+    image = wl.Image("gpuproof.local/workloads:k", host_paths=(("/usr", "/host/usr"), ("/opt/py", "/opt/py")),
+                     node_paths=(("/var/lib/gpuproof", "/etc/gpuproof"),),
+                     env=(("PATH", "/opt/py/bin:/usr/bin"), ("MOCK_NVML_CONFIG", "/etc/gpuproof/mock-nvml.yaml")),
+                     pull_policy="Never", device="cpu")
+    assert wl.Image.from_json(json.loads(json.dumps(image.to_json()))) == image
+    objs = [wl.workload_pod("p", "probe", labels=LABELS, namespace=NS, image=image),
+            *wl.allreduce_multinode("ar", 2, 1, labels=LABELS, namespace=NS, image=image),
+            *wl.inference_manifests("inf", labels=LABELS, namespace=NS, image=image),
+            wl.loadgen_pod("lg", "http://inf:8000", labels=LABELS, namespace=NS, image=image),
+            *distributed_manifests("dl", "http://inf:8000", [], 2, labels=LABELS, namespace=NS, image=image)]
+    for obj in (o for o in objs if o["kind"] != "Service"):
+        spec = pod_spec(obj)
+        (c,) = spec["containers"]
+        assert c["image"] == image.name and c["imagePullPolicy"] == "Never", obj["metadata"]["name"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["PATH"] == "/opt/py/bin:/usr/bin" and env["PYTHONUNBUFFERED"] == "1", env
+        lent = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"] if m["name"] in lent}
+        assert set(mounts) == {"/host/usr", "/opt/py", "/etc/gpuproof"} and all(m["readOnly"] for m in mounts.values())
+        assert {h["path"] for h in lent.values()} == {"/usr", "/opt/py", "/var/lib/gpuproof"}
+    plain = wl.workload_pod("p", "probe", labels=LABELS, namespace=NS)       # a stock image: nothing lent
+    assert "imagePullPolicy" not in plain["spec"]["containers"][0]
+    assert not [v for v in plain["spec"]["volumes"] if "hostPath" in v]

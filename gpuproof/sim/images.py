@@ -178,14 +178,20 @@ def dra_driver_image(sw, cdi_hook: Path) -> tuple[Path, str]:
 
 
 WORKLOADS_LIB = "/opt/nvidia/lib64"           # the mock NVML in the workloads image (on LD_LIBRARY_PATH)
-WORKLOADS_ROOTFS_LINKS = {"/bin": "usr/bin", "/sbin": "usr/sbin", "/lib": "usr/lib", "/lib64": "usr/lib64"}
+HOST_USR = "/host/usr"      # where the workload pods mount the host's /usr (read-only)
+# the root's programs and libraries are the host's; the image's own /usr stays writable, because NVIDIA's
+# runtime injection (the DRA driver's CDI spec: /usr/bin/nvidia-smi, driver libraries) mounts files into it
+WORKLOADS_ROOTFS_LINKS = {"/bin": "host/usr/bin", "/sbin": "host/usr/sbin", "/lib": "host/usr/lib",
+                          "/lib64": "host/usr/lib64", "/usr/bin/env": f"{HOST_USR}/bin/env",
+                          "/usr/bin/sh": f"{HOST_USR}/bin/sh"}
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = b"root:x:0:\nnogroup:x:65534:\n"
 
 
 def workloads_image(sw) -> tuple[Path, str]:
     """The image gpuproof's workload pods run in on kubelet nodes: NVIDIA's mock NVML library and an empty
-    root whose ``/usr`` (glibc, ``sh``, ``getent``), Python and virtualenv the pod mounts from the host.
+    root whose ``/bin``, ``/lib`` and ``/lib64`` are the host's ``/usr`` (glibc, ``sh``, ``getent``), which the pod
+    mounts at ``/host/usr``, with the host's Python and virtualenv at their own paths.
 
     Why not an image with Python and torch in it: about 2 GB, imported into every node's containerd on every
     start; the host's files are the same bytes and are read-only in the pod.
@@ -199,7 +205,8 @@ def workloads_image(sw) -> tuple[Path, str]:
     if tar.exists():
         return tar, name
     files = {f"{lib}/{mock.name}": (mock.read_bytes(), 0o755), "/etc/passwd": (PASSWD, 0o644),
-             "/etc/group": (GROUP, 0o644), "/usr/.mount-point": (b"", 0o644), "/tmp/.keep": (b"", 0o644)}
+             "/etc/group": (GROUP, 0o644), "/tmp/.keep": (b"", 0o644), "/usr/lib64/.keep": (b"", 0o644),
+             "/usr/lib/x86_64-linux-gnu/.keep": (b"", 0o644), f"{HOST_USR}/.keep": (b"", 0o644)}
     links = {**WORKLOADS_ROOTFS_LINKS, f"{lib}/libnvidia-ml.so.1": mock.name, f"{lib}/libnvidia-ml.so": "libnvidia-ml.so.1"}
     config = {"Env": [f"LD_LIBRARY_PATH={lib}", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"]}
     return write_oci(tar, name, _layer(files, links), config), name

@@ -738,7 +738,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         return
     t0 = time.monotonic()
     gpu = [(n, p) for n, p in wanted if p.gpu is not None]
-    files, image, nfd = {}, "", None
+    files, image, nfd, crashed = {}, "", None, set()
     if gpu:
         from . import images, nvidia
 
@@ -772,12 +772,12 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
             client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, ds)
         if dra:
             kubelet_dra.deploy(client, sw, dra, dra_image[1], timeout, progress)
-        crashed = kubelet_faults.wait_device_plugins(client, {n.name for n, _ in gpu} - set(dra), PLUGIN_NAMESPACE,
-                                                     timeout, progress)
-        _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout, no_plugin=set(dra) | crashed)
+        crashed = _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout, dra=set(dra))
+        kubelet_faults.tell_crashed(client, PLUGIN_NAMESPACE, crashed, progress)
     clusternet.wait(client, state, timeout)
     progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"
-             + (f"; NVIDIA's device plugin and GFD advertise and label GPUs on {len(gpu)}" if gpu else ""))
+             + (f"; NVIDIA's device plugin and GFD advertise and label GPUs on {len(gpu)}" if gpu else "")
+             + (f" (the device plugin crash-loops on {', '.join(sorted(crashed))})" if crashed else ""))
 
 
 WORKLOAD_IMAGE_FILE = "workload-image.json"
@@ -787,14 +787,23 @@ def workload_image(name: str):
     """How gpuproof's workload pods run on kubelet nodes: the workloads image (NVIDIA's mock NVML), the host's
     ``/usr``, Python and virtualenv read-only at their own paths (the interpreter this process runs, so the pods
     have torch, nvidia-ml-py and locust exactly as this host does), and the node's mock NVML config, where the
-    NVIDIA container toolkit would give a real node's driver. The workloads take their CPU path (``device``):
+    NVIDIA container toolkit would give a real node's driver (the host's ``/usr`` at ``/host/usr``: the image's
+    own ``/usr`` takes what NVIDIA's CDI injection mounts there). The workloads take their CPU path (``device``):
     NVML answers for the node's GPUs, CUDA has none."""
     from ..workloads import Image
 
-    paths = list(dict.fromkeys(os.path.realpath(p) for p in ("/usr", sys.base_prefix, sys.prefix)))
-    host = [p for p in paths if not any(p.startswith(q + "/") for q in paths)]   # none inside another
+    import sysconfig
+
+    from .images import HOST_USR
+
+    python = [sys.base_prefix, sys.prefix]
+    if os.path.realpath(sys.base_prefix).startswith("/usr"):    # a distribution's Python: its files under /usr
+        python = [sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"),
+                  os.path.realpath(sys.executable), sys.prefix]
+    paths = list(dict.fromkeys(os.path.realpath(p) for p in python))
+    host = [("/usr", HOST_USR)] + [(p, p) for p in paths if not any(p.startswith(q + "/") for q in paths)]
     return Image(name, host_paths=tuple(host), node_paths=((f"/var/lib/{NODE_FILES}", "/etc/gpuproof"),),
-                 env=(("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/local/bin:/usr/bin:/bin"),
+                 env=(("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/bin:/bin"),
                       ("MOCK_NVML_CONFIG", "/etc/gpuproof/mock-nvml.yaml"), ("PYTHONNOUSERSITE", "1")),
                  pull_policy="Never", device="cpu")
 
@@ -807,17 +816,27 @@ def lent_image(sim_dir: Path):
     return Image.from_json(json.loads(f.read_text())) if f.exists() else None
 
 
-def _wait_gpu_nodes(client, names: set[str], timeout: float, no_plugin: set[str] = frozenset()) -> None:
-    """Until every GPU node has GFD's labels (through NFD's master) and, unless ``no_plugin`` names it (NVIDIA's DRA
-    driver offers its GPUs, or its device plugin crash-loops), the device plugin's resources."""
+def _wait_gpu_nodes(client, names: set[str], timeout: float, dra: set[str] = frozenset()) -> set[str]:
+    """Until every GPU node has GFD's labels (through NFD's master) and, unless ``dra`` names it (NVIDIA's DRA
+    driver offers its GPUs) or its device plugin crash-loops, the device plugin's resources. Returns the nodes whose
+    device plugin crash-loops (:func:`kubelet_faults.crashed_device_plugins`, asked while a node does not advertise)."""
     from ..cluster import watch_until
 
+    crashed: set[str] = set()
+
     def done(node) -> bool:
-        return "nvidia.com/gpu.product" in (node.metadata.labels or {}) and (node.metadata.name in no_plugin or any(
+        return "nvidia.com/gpu.product" in (node.metadata.labels or {}) and (node.metadata.name in dra | crashed or any(
             k.startswith("nvidia.com/") and v not in ("0", 0) for k, v in (node.status.allocatable or {}).items()))
 
-    watch_until(client.core.list_node, lambda cache: all(n in cache and done(cache[n]) for n in names), timeout,
-                f"NVIDIA's device plugin to advertise GPUs and GFD's labels on {len(names)} kubelet node(s)")
+    def all_done(cache: dict) -> bool:
+        crashed.update(kubelet_faults.crashed_device_plugins(
+            client, PLUGIN_NAMESPACE, {n for n in names - dra if n not in cache or not done(cache[n])}))
+        return all(n in cache and done(cache[n]) for n in names)
+
+    watch_until(client.core.list_node, all_done, timeout,
+                f"NVIDIA's device plugin to advertise GPUs and GFD's labels on {len(names)} kubelet node(s)",
+                tick=kubelet_faults.CRASH_TICK)
+    return crashed
 
 
 # ---------------------------------------------------------------------------- the reaper

@@ -45,7 +45,7 @@ CONTAINERD_ENV = {"CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -tags=urfave_c
 CONTAINERD_LDFLAGS = f"-s -w -X {CONTAINERD[1]}/version.Version={CONTAINERD_VERSION}"
 TOOLKIT_VERSION = "v1.19.0"               # the NVIDIA Container Toolkit the pinned DRA driver requires (its go.mod)
 CDI_HOOK = ("cdihook", "github.com/NVIDIA/nvidia-container-toolkit")
-CDI_ROOT = "/var/run/cdi"                 # the chart's CDI_ROOT; containerd reads no other (the host's /etc/cdi is shared)
+CDI_ROOT = "/var/run/cdi"                 # the chart's CDI_ROOT; containerd reads no other (host's /etc/cdi: shared)
 
 # the chart (deployments/helm/dra-driver-nvidia-gpu), installed as NVIDIA's install guide installs it:
 # release and namespace dra-driver-nvidia-gpu, computeDomains disabled, the other values at their defaults
@@ -199,7 +199,8 @@ def daemonset(image: str) -> dict:
         "spec": {"selector": {"matchLabels": COMPONENT},
                  "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
                  "template": {
-                     "metadata": {"labels": {**labels, **COMPONENT, "nvidia-dra-driver-gpu-component": "kubelet-plugin"}},
+                     "metadata": {"labels": {**labels, **COMPONENT,
+                                             "nvidia-dra-driver-gpu-component": "kubelet-plugin"}},
                      "spec": {"priorityClassName": "system-node-critical", "serviceAccountName": SERVICE_ACCOUNT,
                               "securityContext": {}, "containers": [container], "volumes": volumes,
                               "nodeSelector": {DRA_NODE_LABEL: "true"},
@@ -246,6 +247,6 @@ def _pod_state(pod) -> str:
     out = [pod.status.phase or "Pending"]
     for c in pod.status.container_statuses or []:
         state = c.state.waiting or c.state.terminated
-        out.append(f"{c.name} {'running' if c.state.running else (state.reason or '?')}"
+        out.append(f"{c.name} {'running' if c.state.running else (state and state.reason) or '?'}"
                    + (f" ({state.message})" if state and state.message else "") + f", {c.restart_count} restarts")
     return ", ".join(out)

@@ -21,7 +21,7 @@ from typing import Callable
 
 Progress = Callable[[str], None]
 DEVICE_PLUGIN_APP = "nvidia-device-plugin"          # the app.kubernetes.io/name of the device plugin's pods
-CRASHED = "CrashLoopBackOff"
+CRASH_TICK = 2.0        # seconds between looks at the device-plugin pods of nodes that do not advertise yet
 
 
 def node_images(wanted: list[tuple], images: dict[str, tuple[Path, str]],
@@ -35,49 +35,43 @@ def node_images(wanted: list[tuple], images: dict[str, tuple[Path, str]],
     return out
 
 
-def wait_device_plugins(client, names: set[str], namespace: str, timeout: float,
-                        progress: Progress = lambda m: None) -> set[str]:
-    """Until NVIDIA's device-plugin pod on each node of ``names`` is Ready, or crash-loops (its container exited with
-    an error and the kubelet backs off restarting it). Returns the nodes whose plugin crash-loops, each told through
-    ``progress`` with the plugin's last error line."""
-    from ..cluster import watch_until
-
-    if not names:
+def crashed_device_plugins(client, namespace: str, nodes: set[str]) -> set[str]:
+    """Those of ``nodes`` whose device-plugin pod has exited with an error (the kubelet restarts it, backing off):
+    such a node never advertises. Its pod can still be Ready for a moment after each start (the kubelet has not seen
+    the exit yet), so only the exit code tells."""
+    if not nodes:
         return set()
+    return {p.spec.node_name for p in _plugin_pods(client, namespace) if p.spec.node_name in nodes and _exited(p)}
 
-    def settled(cache: dict) -> dict[str, str] | None:
-        state = {p.spec.node_name: _state(p) for p in cache.values() if p.spec.node_name in names}
-        return state if names <= {n for n, s in state.items() if s} else None
 
-    state = watch_until(client.core.list_namespaced_pod, settled, timeout,
-                        f"NVIDIA's device plugin to start on {len(names)} kubelet node(s)", namespace=namespace,
-                        label_selector=f"app.kubernetes.io/name={DEVICE_PLUGIN_APP}",
-                        describe=lambda c: ", ".join(f"{p.spec.node_name}: {p.status.phase}" for p in c.values()))
-    failed = {node for node, s in state.items() if s == CRASHED}
-    for pod in client.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={DEVICE_PLUGIN_APP}"
-                                               ).items:
-        if pod.spec.node_name in failed:
+def tell_crashed(client, namespace: str, nodes: set[str], progress: Progress) -> None:
+    """Say, for each of ``nodes``, that its device plugin crash-loops and the last error it logged."""
+    for pod in _plugin_pods(client, namespace) if nodes else []:
+        if pod.spec.node_name in nodes:
             progress(f"kubelet node {pod.spec.node_name}: NVIDIA's device plugin crash-loops: "
                      f"{_last_error(client, pod)}")
-    return failed
 
 
-def _state(pod) -> str:
-    """'ready', CRASHED, or '' (still starting)."""
-    if any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []):
-        return "ready"
-    waiting = [c.state.waiting.reason for c in pod.status.container_statuses or [] if c.state and c.state.waiting]
-    return CRASHED if CRASHED in waiting else ""
+def _plugin_pods(client, namespace: str) -> list:
+    return client.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={DEVICE_PLUGIN_APP}").items
+
+
+def _exited(pod) -> bool:
+    """Whether a container of the pod exited with an error (now, or before its restart)."""
+    return any(t and t.exit_code for c in pod.status.container_statuses or []
+               for t in (c.state.terminated if c.state else None, c.last_state.terminated if c.last_state else None))
 
 
 def _last_error(client, pod) -> str:
-    """The last error the plugin's previous container (the one that exited) logged, or its exit code."""
+    """The last error the plugin's container that exited logged (the current one while the kubelet backs off, else
+    the previous one), or its exit code."""
     from kubernetes.client.exceptions import ApiException
 
     from .nvidia import klog_error
 
+    exited = any(c.state and c.state.terminated for c in pod.status.container_statuses or [])
     with contextlib.suppress(ApiException):
-        log = client.core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace, previous=True,
+        log = client.core.read_namespaced_pod_log(pod.metadata.name, pod.metadata.namespace, previous=not exited,
                                                   _preload_content=False).data.decode("utf-8", "replace")
         if log.strip():
             return klog_error(log)
