@@ -61,6 +61,8 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
             bad.append(f"{product}: {exc}")
             continue
         records = bench.to_records(result, node=f"{nnodes} nodes", product=product)
+        for r in records:
+            r.parameters.setdefault("run_mode", "cluster")
         run_dir.add_metrics(records)
         if not result.get("ok"):
             bad.append(f"{product}: {result.get('wrong_total')} wrong elements / {result.get('error')}")

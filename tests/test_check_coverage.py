@@ -31,7 +31,8 @@ BUILT = {
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
                  "container)")
 WAITING = {
-    "dra-probe-uuid": f"{KUBELET_NODES}: a probe pod whose NVML UUIDs differ from the claim's device",
+    "dra-probe-uuid": f"{KUBELET_NODES}: passes on lab's DRA kubelet node (tests/test_kubelet_pods.py); failing "
+                      "needs a DRA driver that hands the pod another GPU than the claim's, not made yet",
     "dra-freed-claim-reused": "a claim that stays allocated after its pod is gone: kube-controller-manager's "
                               "resource-claim controller both makes the suite's claims and frees them, so the "
                               "embedded cluster cannot break one without the other (issue #28's kubelet nodes: "
