@@ -552,6 +552,8 @@ PLUGIN_NAMESPACE = "nvidia-device-plugin"
 NFD_NAMESPACE = "node-feature-discovery"
 GFD_ACCOUNT = "nvidia-device-plugin-service-account"   # as NVIDIA's chart names it
 NODE_FILES = "gpuproof"                                  # under the node's /var/lib: its mock NVML and plugin config
+NODE_FILES_IN_POD = "/etc/gpuproof"                      # where NVIDIA's pods and gpuproof's read the node's files
+MOCK_CONFIG_IN_POD = f"{NODE_FILES_IN_POD}/mock-nvml.yaml"
 DEV_ROOT = f"/var/lib/{NODE_FILES}/driver"               # the node's /dev/nvidia<N> are under <DEV_ROOT>/dev
 NVIDIA_MAJOR = 195                                       # the major number of NVIDIA's /dev/nvidia<N>
 
@@ -617,10 +619,10 @@ def _mock_overrides(sw, config: str, commands: list[str], node: str) -> str:
 def with_node_files(container: dict, volumes: list[dict]) -> tuple[dict, list[dict]]:
     """The container (and the pod's volumes) reading the node's files (mock NVML config, plugin config) from
     /etc/gpuproof, NVIDIA's mock NVML over the node's config."""
-    container = {**container, "env": [{"name": "MOCK_NVML_CONFIG", "value": "/etc/gpuproof/mock-nvml.yaml"},
+    container = {**container, "env": [{"name": "MOCK_NVML_CONFIG", "value": MOCK_CONFIG_IN_POD},
                                       *container.get("env", [])],
                  "volumeMounts": [*container.get("volumeMounts", []),
-                                  {"name": "node-files", "mountPath": "/etc/gpuproof", "readOnly": True}]}
+                                  {"name": "node-files", "mountPath": NODE_FILES_IN_POD, "readOnly": True}]}
     return container, [*volumes, {"name": "node-files", "hostPath": {"path": f"/var/lib/{NODE_FILES}",
                                                                      "type": "Directory"}}]
 
@@ -802,9 +804,9 @@ def workload_image(name: str):
                   os.path.realpath(sys.executable), sys.prefix]
     paths = list(dict.fromkeys(os.path.realpath(p) for p in python))
     host = [("/usr", HOST_USR)] + [(p, p) for p in paths if not any(p.startswith(q + "/") for q in paths)]
-    return Image(name, host_paths=tuple(host), node_paths=((f"/var/lib/{NODE_FILES}", "/etc/gpuproof"),),
+    return Image(name, host_paths=tuple(host), node_paths=((f"/var/lib/{NODE_FILES}", NODE_FILES_IN_POD),),
                  env=(("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/bin:/bin"),
-                      ("MOCK_NVML_CONFIG", "/etc/gpuproof/mock-nvml.yaml"), ("PYTHONNOUSERSITE", "1")),
+                      ("MOCK_NVML_CONFIG", MOCK_CONFIG_IN_POD), ("PYTHONNOUSERSITE", "1")),
                  pull_policy="Never", device="cpu")
 
 
