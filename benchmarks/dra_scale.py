@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpuproof.cluster import connect  # noqa: E402
-from gpuproof.discovery import discover  # noqa: E402
-from gpuproof.fleet import load_fleet, parse_fleet  # noqa: E402
+from gpuproof.cluster.api import connect  # noqa: E402
+from gpuproof.discovery.nodes import discover  # noqa: E402
+from gpuproof.sim.fleet_file import load_fleet, parse_fleet  # noqa: E402
 from gpuproof.sim.controlplane import SimCluster, find_free_base  # noqa: E402
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpuproof.cluster import connect  # noqa: E402
-from gpuproof.fleet import load_fleet  # noqa: E402
-from gpuproof.lease import RunLease  # noqa: E402
+from gpuproof.cluster.api import connect  # noqa: E402
+from gpuproof.sim.fleet_file import load_fleet  # noqa: E402
+from gpuproof.cluster.lease import RunLease  # noqa: E402
 from gpuproof.sim.controlplane import SimCluster, find_free_base  # noqa: E402
 
 

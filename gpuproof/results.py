@@ -6,7 +6,7 @@ One run = one folder ``reports/<run-id>/``:
 - ``checks.jsonl``      one CheckRecord per acceptance check and target (appended as they happen)
 - ``metrics.jsonl``     long-format MetricRecords from benchmarks
 - ``samples.jsonl``     utilization samples (one row per GPU per tick)
-- ``inventory.json``    the cluster snapshot (see gpuproof.inventory)
+- ``inventory.json``    the cluster snapshot (see gpuproof.discovery.inventory)
 - ``*.parquet``         the same tables, written by :meth:`RunDir.finalize`
 - ``junit.xml``, ``summary.md``, ``report.html`` (written by the report layer)
 
@@ -32,7 +32,7 @@ CHECKS_FILE = "checks.jsonl"
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 INVENTORY_FILE = "inventory.json"
-COVERAGE_FILE = "coverage.jsonl"     # GPU nodes a check left out, and why (gpuproof.coverage)
+COVERAGE_FILE = "coverage.jsonl"     # GPU nodes a check left out, and why (gpuproof.plugin.coverage)
 META_FILE = "run.json"
 
 

@@ -1,4 +1,8 @@
-"""Words the embedded cluster writes and the reader of clusters reads: the only module both import."""
+"""Words the embedded cluster writes and the reader of clusters reads: resource names, label keys, annotations.
+
+A base module: it imports nothing, and the simulator (``sim/``) and the reader of clusters (``discovery/``) both
+import it instead of each other.
+"""
 
 GPU = "nvidia.com/gpu"                       # the device plugin's whole-GPU resource
 GPU_SHARED = "nvidia.com/gpu.shared"         # ... renamed when shared (renameByDefault)
@@ -36,3 +40,19 @@ OPERATOR_COMPONENT_APPS = {
     "node-status-exporter": "nvidia-node-status-exporter", "mig-manager": "nvidia-mig-manager",
     "sandbox-device-plugin": "nvidia-sandbox-device-plugin-daemonset", "vgpu-manager": "nvidia-vgpu-manager-daemonset",
 }
+
+# Dynamic Resource Allocation: the API group, NVIDIA's DRA driver and the DeviceClasses its chart installs
+DRA_API = "resource.k8s.io/v1"
+DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
+DRA_DRIVER = "gpu.nvidia.com"
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+# DeviceClass name -> the device type its selector admits (NVIDIA's chart)
+CLASS_TYPES = {GPU_CLASS: "gpu", MIG_CLASS: "mig"}
+SIM_DRA_LABEL = "gpuproof.dev/sim-dra"           # on objects the embedded cluster publishes for its DRA pools
+
+# nvidia.com/gpu.family (GFD) -> the architecture string go-nvlib gives NVIDIA's DRA driver
+ARCHITECTURES = {"kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta",
+                 "turing": "Turing", "ampere": "Ampere", "ada-lovelace": "Ada Lovelace", "hopper": "Hopper",
+                 "blackwell": "Blackwell"}

@@ -1,4 +1,4 @@
-"""Shared helpers for the acceptance suites live in gpuproof.suite; fixtures in gpuproof.pytest_plugin.
+"""Shared helpers for the acceptance suites live in gpuproof.plugin.checks; fixtures in gpuproof.pytest_plugin.
 
 Options only the suites read are added here.
 """

@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 import pytest
 
 from gpuproof.catalog import lookup
-from gpuproof.cluster import watch_until
-from gpuproof.discovery import GPU, GPU_SHARED
-from gpuproof.pytest_plugin import for_nodes
+from gpuproof.cluster.api import watch_until
+from gpuproof.discovery.nodes import GPU, GPU_SHARED
+from gpuproof.plugin.checks import for_nodes
 
 FEATURE = "advertisement"
 pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py

@@ -9,9 +9,9 @@ it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
 
 import pytest
 
-from gpuproof.churn import ForeignPods
-from gpuproof.discovery import BYTES_FROM
-from gpuproof.suite import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled, used_on
+from gpuproof.cluster.churn import ForeignPods
+from gpuproof.discovery.nodes import BYTES_FROM
+from gpuproof.plugin.checks import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled, used_on
 
 FEATURE = "affinity"
 MEMORY = "nvidia.com/gpu.memory"

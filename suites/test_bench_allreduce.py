@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from gpuproof.bench import get, suite
+from gpuproof.bench import get
+from gpuproof.plugin import bench as suite
 
 pytestmark = pytest.mark.bench
 

@@ -17,8 +17,9 @@ import os
 
 import pytest
 
-from gpuproof.bench import get, suite
-from gpuproof.pytest_plugin import REAL_GPU_REASON
+from gpuproof.bench import get
+from gpuproof.plugin import bench as suite
+from gpuproof.plugin.target import REAL_GPU_REASON
 
 pytestmark = pytest.mark.bench
 

@@ -8,7 +8,7 @@ utilization per phase.
 
 import pytest
 
-from gpuproof.bench import suite
+from gpuproof.plugin import bench as suite
 
 pytestmark = pytest.mark.bench
 

@@ -6,7 +6,7 @@ NVML UUIDs), kernel_check_ok, memory_total_mib per device, kernel_check_ms.
 
 import pytest
 
-from gpuproof.bench import suite
+from gpuproof.plugin import bench as suite
 
 pytestmark = pytest.mark.bench
 

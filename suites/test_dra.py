@@ -13,10 +13,10 @@ Skipped, with the reason, where the cluster serves no ``resource.k8s.io/v1`` or 
 
 import pytest
 
-from gpuproof import dra
-from gpuproof.cluster import WaitTimeout
-from gpuproof.pytest_plugin import for_nodes
-from gpuproof.suite import TOLERATE_ALL, pod, pod_outcome, settled
+from gpuproof.discovery import dra
+from gpuproof.cluster.api import WaitTimeout
+from gpuproof.plugin.checks import for_nodes
+from gpuproof.plugin.checks import TOLERATE_ALL, pod, pod_outcome, settled
 
 FEATURE = "dra"
 GPU_TYPE = f"device.attributes['{dra.DRIVER}'].type"
@@ -340,9 +340,9 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
 def test_container_sees_exactly_its_devices(discovery, run, target, check, needs_real_gpus):
     """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
     _need_dra(discovery, check, "dra-probe-uuid")
-    from gpuproof import workloads
-    from gpuproof.bench.suite import image
-    from gpuproof.suite import nvml_device_ids
+    from gpuproof.bench import workloads
+    from gpuproof.plugin.bench import image
+    from gpuproof.plugin.checks import nvml_device_ids
 
     devices = _devices(discovery)
     real = {n: ds for n, ds in _free(discovery, target).items() if not discovery.node(n).simulated}

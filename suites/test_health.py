@@ -16,10 +16,11 @@ Records (benchmark ``health``): ``verdict`` per item, the item's value when nume
 
 import pytest
 
-from gpuproof.bench import get, suite
+from gpuproof.bench import get
+from gpuproof.plugin import bench as suite
 from gpuproof.bench.health import extra_args_from_env, record_checks
 from gpuproof.errors import GpuproofError
-from gpuproof.suite import free_on
+from gpuproof.plugin.checks import free_on
 
 FEATURE = "health"
 

@@ -2,7 +2,7 @@
 
 import re
 
-from gpuproof.pytest_plugin import for_nodes
+from gpuproof.plugin.checks import for_nodes
 from gpuproof.vocab import NFD_PCI_LABEL
 
 FEATURE = "labels"

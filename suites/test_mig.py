@@ -10,9 +10,10 @@ are distinct across pods, and visible memory is about the profile's.
 import pytest
 
 from gpuproof.catalog import MIG_NAME, lookup
-from gpuproof.churn import ForeignPods
-from gpuproof.pytest_plugin import for_nodes
-from gpuproof.suite import TOLERATE_ALL, free_on, mig_device_checks, pod, pod_outcome, probe_on, settled, used_on
+from gpuproof.cluster.churn import ForeignPods
+from gpuproof.plugin.checks import for_nodes
+from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, mig_device_checks, pod, pod_outcome, probe_on, settled,
+                                    used_on)
 
 FEATURE = "mig"
 pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py

@@ -9,7 +9,7 @@ fail: they are what a failed upgrade or drain leaves behind. Nodes that cannot t
 left out of the placement checks of the other suites, so they fail here, once, by name.
 """
 
-from gpuproof.discovery import PRESSURE_CONDITIONS
+from gpuproof.discovery.nodes import PRESSURE_CONDITIONS
 
 FEATURE = "nodes"
 

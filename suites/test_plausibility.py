@@ -9,7 +9,7 @@ product. A product the catalog does not know is a warning (extend the catalog), 
 """
 
 from gpuproof import catalog
-from gpuproof.pytest_plugin import for_nodes
+from gpuproof.plugin.checks import for_nodes
 
 FEATURE = "plausibility"
 

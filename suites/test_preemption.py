@@ -13,8 +13,8 @@ A verdict reached while other people's pods changed on the node is a skip with t
 
 import pytest
 
-from gpuproof.churn import ForeignPods, preemption_victims
-from gpuproof.suite import TOLERATE_ALL, free_on, pod, pod_outcome, settled
+from gpuproof.cluster.churn import ForeignPods, preemption_victims
+from gpuproof.plugin.checks import TOLERATE_ALL, free_on, pod, pod_outcome, settled
 
 FEATURE = "preemption"
 LOW, HIGH = -100, -10        # below every default priority (0)
@@ -49,7 +49,7 @@ def _pick_node(discovery, cluster, run):
 
 def _victims(run, target, preemptor, fill: int) -> set[str]:
     """namespace/name of the pods the scheduler preempted for ``preemptor`` (its Preempted events)."""
-    from gpuproof.cluster import WaitTimeout, watch_until
+    from gpuproof.cluster.api import WaitTimeout, watch_until
 
     uid = preemptor.metadata.uid
     try:       # the scheduler records events asynchronously: give them a moment to arrive

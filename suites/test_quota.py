@@ -6,8 +6,8 @@ cannot affect the rest of the run.
 
 import pytest
 
-from gpuproof.cluster import watch_until
-from gpuproof.suite import pod
+from gpuproof.cluster.api import watch_until
+from gpuproof.plugin.checks import pod
 
 FEATURE = "quota"
 GPU = "nvidia.com/gpu"

@@ -15,8 +15,8 @@ skipped with a reason: a cluster may run the stack without them.
 import re
 import time
 
-from gpuproof.discovery import OPERATOR_COMPONENT_APPS
-from gpuproof.pytest_plugin import for_nodes
+from gpuproof.discovery.nodes import OPERATOR_COMPONENT_APPS
+from gpuproof.plugin.checks import for_nodes
 
 FEATURE = "stack"
 

@@ -6,8 +6,8 @@ without a taint, ordinary pods can fill a GPU node's CPU and memory.
 
 import pytest
 
-from gpuproof.churn import ForeignPods
-from gpuproof.suite import free_on, one_device, pod, pod_outcome, settled, tolerations_for, used_on
+from gpuproof.cluster.churn import ForeignPods
+from gpuproof.plugin.checks import free_on, one_device, pod, pod_outcome, settled, tolerations_for, used_on
 
 FEATURE = "taints"
 

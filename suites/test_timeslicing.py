@@ -8,11 +8,11 @@ request for 2 is refused. On real GPUs every pod on one GPU sees the same GPU UU
 
 import pytest
 
-from gpuproof.churn import ForeignPods
-from gpuproof.discovery import GPU_SHARED
-from gpuproof.pytest_plugin import for_nodes
-from gpuproof.suite import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, shared_gpu_check,
-                            used_on)
+from gpuproof.cluster.churn import ForeignPods
+from gpuproof.discovery.nodes import GPU_SHARED
+from gpuproof.plugin.checks import for_nodes
+from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, shared_gpu_check,
+                                    used_on)
 
 FEATURE = "timeslicing"
 pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py

@@ -2,7 +2,7 @@
 
 On each real GPU node with 2 or more whole GPUs, one probe pod asks for 2 GPUs; the probe reads the
 NVLink links among the GPUs it sees (NVML) and the set must be NVLink-connected, directly or through
-NVSwitch (the rule: gpuproof/topology.py). 2, not 4: 2 is the size every NVLink topology can hand out
+NVSwitch (the rule: gpuproof/discovery/topology.py). 2, not 4: 2 is the size every NVLink topology can hand out
 linked (a bridged pair of PCIe cards, any edge of a hybrid cube mesh, any pair on NVSwitch); a node of
 bridged pairs has no linked set of 4, so a 4-GPU pod would fail the node's shape, not its allocator.
 PCIe-only nodes (T4, L4, L40S) skip, saying so; with GPUs held by other pods a fragmented set only warns.
@@ -10,9 +10,9 @@ PCIe-only nodes (T4, L4, L40S) skip, saying so; with GPUs held by other pods a f
 
 import pytest
 
-from gpuproof.pytest_plugin import for_nodes
-from gpuproof.suite import free_on, probe_on
-from gpuproof.topology import nvlink_set
+from gpuproof.plugin.checks import for_nodes
+from gpuproof.plugin.checks import free_on, probe_on
+from gpuproof.discovery.topology import nvlink_set
 from gpuproof.vocab import GPU
 
 FEATURE = "topology"

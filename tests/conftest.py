@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuproof.fleet import Fleet, load_fleet, parse_fleet
+from gpuproof.sim.fleet import Fleet
+from gpuproof.sim.fleet_file import load_fleet, parse_fleet
 from gpuproof.sim.controlplane import SimCluster, find_free_base
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ class EmbeddedCluster:
     @property
     def client(self):
         if self._client is None:
-            from gpuproof.cluster import connect
+            from gpuproof.cluster.api import connect
 
             self._client = connect(self.kubeconfig)
         return self._client
@@ -131,7 +132,7 @@ def embedded(tmp_path_factory) -> EmbeddedCluster:
 @pytest.fixture
 def run_in(embedded):
     """A fresh run namespace in the embedded cluster, cleaned up after the test."""
-    from gpuproof.cluster import Run
+    from gpuproof.cluster.api import Run
     from gpuproof.results import new_run_id
 
     run = Run(embedded.client, "t" + new_run_id())

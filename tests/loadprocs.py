@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from gpuproof.workloads import WORKLOADS_DIR, import_workload
+from gpuproof.bench.workloads import WORKLOADS_DIR, import_workload
 
 wait_until = import_workload("workload_common").wait_until
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}

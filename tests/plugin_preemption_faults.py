@@ -18,9 +18,9 @@ import contextlib
 
 from kubernetes.client.exceptions import ApiException
 
-from gpuproof import cluster as cluster_mod
-from gpuproof import suite as suite_mod
-from gpuproof.cluster import watch_until
+from gpuproof.cluster import api as cluster_mod
+from gpuproof.plugin import checks as suite_mod
+from gpuproof.cluster.api import watch_until
 
 NS = "fault-foreign"
 PRIORITY = "fault-foreign-lowest"

@@ -28,7 +28,7 @@ import sys
 import pytest
 
 import aiperf_client
-from gpuproof.workloads import WORKLOADS_DIR
+from gpuproof.bench.workloads import WORKLOADS_DIR
 from loadprocs import ENV, last_json, start_process, stop_process
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from gpuproof.bench import get
-from gpuproof.workloads import import_workload, workloads_dir
+from gpuproof.bench.workloads import import_workload, workloads_dir
 
 allreduce = import_workload("allreduce")
 

@@ -6,7 +6,7 @@ import sys
 
 import pandas as pd
 
-from gpuproof.cli import main
+from gpuproof.cli.main import main
 from gpuproof.results import load_table
 
 

@@ -121,7 +121,7 @@ def test_cluster_manifests_from_benchmarks():
 
 
 def _node(name, capacity, labels=None):
-    from gpuproof.discovery import GpuNode
+    from gpuproof.discovery.nodes import GpuNode
 
     return GpuNode(name=name, labels=labels or {}, capacity=capacity, allocatable=capacity, taints=[])
 
@@ -129,7 +129,7 @@ def _node(name, capacity, labels=None):
 def test_node_gpus_picks_the_resource_a_pod_can_get():
     from types import SimpleNamespace
 
-    from gpuproof.bench.suite import node_gpus
+    from gpuproof.plugin.bench import node_gpus
 
     nodes = {
         "whole": _node("whole", {"nvidia.com/gpu": "8"}),

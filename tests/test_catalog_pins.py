@@ -17,7 +17,8 @@ import dataclasses
 
 import pytest
 
-from gpuproof import catalog, dra
+from gpuproof import catalog
+from gpuproof.sim import slices
 
 # ---------------------------------------------------------------------------- sources
 
@@ -210,7 +211,7 @@ def test_product_mig_profiles(label):
 def test_product_names_elsewhere(label):
     """NVML's name (DRA productName), GKE's accelerator and Karpenter's instance-gpu-name."""
     pin, product = PRODUCTS[label], catalog.PRODUCTS[label]
-    assert dra.nvml_name(label) == pin.nvml_name
+    assert slices.nvml_name(label) == pin.nvml_name
     aliases = {scheme: tuple(sorted(n for s, n in product.aliases if s == scheme)) for scheme in ("gke", "karpenter")}
     assert aliases == {"gke": tuple(sorted(pin.gke)), "karpenter": tuple(sorted(pin.karpenter))}, f"{GKE}; {KARPENTER}"
     assert {s for s, _ in product.aliases} <= {"gke", "karpenter"}

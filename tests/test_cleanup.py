@@ -14,12 +14,12 @@ import textwrap
 
 import pytest
 
-from gpuproof.cluster import RUN_LABEL, run_labels, watch_until
+from gpuproof.cluster.api import RUN_LABEL, run_labels, watch_until
 
 pytestmark = pytest.mark.sim
 
 SUITE = textwrap.dedent('''
-    from gpuproof.suite import pod
+    from gpuproof.plugin.checks import pod
 
     def test_creates_then_fails(run):
         run.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from gpuproof.cli import build_parser
-from gpuproof.commands.run import pytest_argv
+from gpuproof.cli.main import build_parser
+from gpuproof.cli.run import pytest_argv
 
 
 def test_run_passes_target_options_to_pytest():
@@ -34,7 +34,7 @@ def test_run_finds_its_suites_through_the_package():
     from pathlib import Path
 
     import gpuproof
-    from gpuproof.commands.run import SUITES_INI, suites_dir
+    from gpuproof.cli.options import SUITES_INI, suites_dir
 
     argv = pytest_argv(build_parser().parse_args(["run"]), "rid")
     suites = suites_dir()

@@ -157,7 +157,7 @@ def test_without_go_or_binaries_the_embedded_cluster_is_one_line(scratch, comman
 def test_pytest_with_a_target_that_cannot_start_says_so_once(scratch, where):
     """Plain pytest, on gpuproof's suites (parametrized per node at collection) or on a user's project
     (the target fixture): one line, not an error per module or test."""
-    from gpuproof.commands.run import suites_dir
+    from gpuproof.cli.options import suites_dir
 
     path = suites_dir() if where == "suites" else Path(__file__).parent / "external_project"
     proc = subprocess.run([sys.executable, "-m", "pytest", str(path), "-p", "gpuproof.pytest_plugin",

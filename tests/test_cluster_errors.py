@@ -68,7 +68,7 @@ def test_missing_permissions_named_before_anything_is_created(embedded, tmp_path
     out = proc.stdout + proc.stderr
     assert proc.returncode not in (0, 1), out
     assert "gpuproof cannot use its target cluster: the credentials for cluster" in out
-    # each rule of gpuproof/rbac.yaml the user lacks is named; the one it has (create namespaces) is not
+    # each rule of gpuproof/cluster/rbac.yaml the user lacks is named; the one it has (create namespaces) is not
     assert "RBAC rule(s) gpuproof needs before it creates anything: missing RBAC rule: list,watch,delete namespaces " \
            "(cluster-wide)" in out
     assert "missing RBAC rule: create,delete,list,watch pods (cluster-wide)" in out

@@ -23,7 +23,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from gpuproof.lease import NAME, NAMESPACE, LeaseHeld, RunLease, remove_expired
+from gpuproof.cluster.lease import NAME, NAMESPACE, LeaseHeld, RunLease, remove_expired
 from healthy_runs import MIXED, MIXED_UNDER_CHURN, assert_healthy
 
 pytestmark = pytest.mark.sim
@@ -187,8 +187,8 @@ def test_seeded_faults_still_fail_under_churn(embedded, tmp_path, case):
 def test_a_pod_that_came_and_went_during_a_check_is_noticed(embedded):
     """The churn guard follows the nodes: a foreign pod arriving and leaving again between its two reads counts."""
     from gpuproof.bench.base import wait_until
-    from gpuproof.churn import ForeignPods
-    from gpuproof.cluster import watch_until
+    from gpuproof.cluster.churn import ForeignPods
+    from gpuproof.cluster.api import watch_until
 
     core = embedded.client.core
     guard = ForeignPods(embedded.client, "some-run", ["l4-shared-0"])

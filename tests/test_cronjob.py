@@ -242,7 +242,7 @@ def pod_environment(embedded, tmp_path: Path) -> dict[str, str]:
 def test_entrypoint_kubeconfig_is_the_pods_serviceaccount(embedded, rbac_applied, tmp_path):
     from kubernetes import client as k8s
 
-    from gpuproof.cluster import connect
+    from gpuproof.cluster.api import connect
 
     env = pod_environment(embedded, tmp_path)
     out = tmp_path / "kubeconfig"

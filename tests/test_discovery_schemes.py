@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gpuproof import catalog
-from gpuproof.discovery import discover
+from gpuproof.discovery.nodes import discover
 
 
 def node(name, labels, capacity=None, taints=(), ready="True", unschedulable=False, conditions=()):
@@ -140,7 +140,7 @@ def test_catalog_covers_the_products_platform_teams_run():
 
 
 def test_inventory_records_versions_and_stack_images():
-    from gpuproof.inventory import snapshot_from_nodes
+    from gpuproof.discovery.inventory import snapshot_from_nodes
 
     pods = [{"metadata": {"name": "nvidia-device-plugin-daemonset-x7k2p", "labels": {"app": "nvidia-device-plugin-daemonset"}},
              "spec": {"nodeName": "worker-gpu-0.ocp.example.com",
@@ -155,7 +155,7 @@ def test_inventory_records_versions_and_stack_images():
 
 def test_inventory_tells_gfd_from_the_device_plugin():
     """NVIDIA's chart names GFD's pods nvidia-device-plugin-gpu-feature-discovery-...: GFD, not the plugin."""
-    from gpuproof.inventory import stack_images
+    from gpuproof.discovery.inventory import stack_images
 
     node = "worker-gpu-0"
     pods = [{"metadata": {"name": "nvidia-device-plugin-daemonset-x7k2p",

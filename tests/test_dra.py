@@ -15,10 +15,11 @@ import re
 import pytest
 import yaml
 
-from gpuproof import dra
-from gpuproof.discovery import discover
+from gpuproof.discovery import dra
+from gpuproof.sim import slices
+from gpuproof.discovery.nodes import discover
 from gpuproof.errors import FleetError
-from gpuproof.fleet import load_fleet, parse_fleet, resolve_fleet_path
+from gpuproof.sim.fleet_file import load_fleet, parse_fleet, resolve_fleet_path
 
 
 def dra_fleet() -> dict:
@@ -75,9 +76,9 @@ def test_every_catalog_product_has_an_nvml_name_gfd_would_label_back():
     from gpuproof import catalog
 
     for label in catalog.PRODUCTS:
-        assert dra.nvml_name(label).replace(" ", "-") == label
-    assert dra.nvml_name("NVIDIA-H100-80GB-HBM3") == "NVIDIA H100 80GB HBM3"
-    assert dra.nvml_name("NVIDIA-A100-SXM4-80GB") == "NVIDIA A100-SXM4-80GB"
+        assert slices.nvml_name(label).replace(" ", "-") == label
+    assert slices.nvml_name("NVIDIA-H100-80GB-HBM3") == "NVIDIA H100 80GB HBM3"
+    assert slices.nvml_name("NVIDIA-A100-SXM4-80GB") == "NVIDIA A100-SXM4-80GB"
 
 
 @pytest.mark.parametrize("product, profiles, want", [
@@ -87,7 +88,7 @@ def test_every_catalog_product_has_an_nvml_name_gfd_would_label_back():
     ("NVIDIA-H100-80GB-HBM3", {"7g.80gb": 1}, [("7g.80gb", 0, 8)]),
 ])
 def test_mig_placements(product, profiles, want):
-    assert dra.placements(profiles, product) == want
+    assert slices.placements(profiles, product) == want
 
 
 def test_quantities():
@@ -182,7 +183,7 @@ def test_a_device_published_twice_is_found():
 
 
 def test_class_selector_reading():
-    assert dra.class_selects_type(dra.device_class("mig.nvidia.com")) == "mig"
+    assert dra.class_selects_type(slices.device_class("mig.nvidia.com")) == "mig"
     other = {"spec": {"selectors": [{"cel": {"expression": "device.driver == 'other.example.com'"}}]}}
     assert dra.class_selects_type(other) is None
     two = {"spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.nvidia.com"'}},

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from gpuproof.errors import FleetError
-from gpuproof.fleet import load_fleet, parse_fleet, shipped_fleets
+from gpuproof.sim.fleet_file import load_fleet, parse_fleet, shipped_fleets
 
 BASE = {"feature.node.kubernetes.io/pci-10de.present": "true", "nvidia.com/cuda.driver-version.full": "550.54.15",
         "nvidia.com/cuda.driver-version.major": "550", "nvidia.com/cuda.driver-version.minor": "54",

@@ -11,7 +11,7 @@ from gpuproof.report.baseline import check_run, load_baseline, make_baseline, pa
 from gpuproof.report.compare import compare_runs
 from gpuproof.report.data import load_run
 from gpuproof.results import RunDir
-from gpuproof.workloads import import_workload, workloads_dir
+from gpuproof.bench.workloads import import_workload, workloads_dir
 
 hbm = import_workload("hbm")
 matmul = import_workload("matmul")

@@ -15,9 +15,9 @@ import pytest
 
 from gpuproof.bench import get
 from gpuproof.bench.health import VERDICT_SCORE, record_checks
-from gpuproof.pytest_plugin import Checker
+from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
-from gpuproof.workloads import import_workload
+from gpuproof.bench.workloads import import_workload
 
 health = import_workload("health")
 
@@ -239,7 +239,7 @@ def test_a_bad_threshold_flag_exits_2_with_a_json_error(capsys):
 
 
 def test_readme_documents_every_threshold():
-    from gpuproof.workloads import workloads_dir
+    from gpuproof.bench.workloads import workloads_dir
 
     text = (workloads_dir() / "README.md").read_text()
     for name in health.THRESHOLDS:
@@ -410,7 +410,7 @@ def check_bench_run(proc, tmp_path):
 
 
 def test_the_workload_prints_one_json_line():
-    from gpuproof.workloads import workloads_dir
+    from gpuproof.bench.workloads import workloads_dir
 
     proc = subprocess.run([sys.executable, str(workloads_dir() / "health.py"), "--device", "cpu", "--threads", "1",
                            "--load-s", "0.2", "--copy-mib", "4", "--copy-iters", "2"],

@@ -4,8 +4,8 @@ import copy
 
 import yaml
 
-from gpuproof.fleet import parse_fleet, resolve_fleet_path
-from gpuproof.inventory import snapshot_from_nodes
+from gpuproof.sim.fleet_file import parse_fleet, resolve_fleet_path
+from gpuproof.discovery.inventory import snapshot_from_nodes
 from gpuproof.report.inventory_diff import diff_inventories
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuproof.providers import config_cluster_name, setup_script
+from gpuproof.plugin.providers import config_cluster_name, setup_script
 from gpuproof.tools import for_test
 
 REPO = Path(__file__).resolve().parents[1]

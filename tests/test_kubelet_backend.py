@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuproof.errors import FleetError
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import kubelet
 
 NEEDS = kubelet.missing()
@@ -63,7 +63,7 @@ def test_kubelet_pools_get_no_rendered_nodes():
 
 @pytest.mark.sim
 def test_without_root_kubelet_pools_are_left_out_in_one_line(tmp_path, monkeypatch):
-    from gpuproof.cluster import connect
+    from gpuproof.cluster.api import connect
     from gpuproof.sim.controlplane import SimCluster, find_free_base
 
     monkeypatch.setattr(kubelet, "missing", lambda: "kubelet nodes need root (network and mount namespaces)")
@@ -83,7 +83,7 @@ def test_without_root_kubelet_pools_are_left_out_in_one_line(tmp_path, monkeypat
 @pytest.mark.sim
 @needs_kubelet
 def test_nvidia_pods_advertise_label_and_refuse_two_shared_gpus(tmp_path):
-    from gpuproof.cluster import connect, watch_until
+    from gpuproof.cluster.api import connect, watch_until
     from gpuproof.sim.controlplane import SimCluster, find_free_base
 
     sim = SimCluster(tmp_path / "s", base_port=find_free_base(), private=True)
@@ -149,7 +149,7 @@ def test_sigkilled_owner_leaves_nothing(tmp_path):
     script = tmp_path / "owner.py"
     script.write_text(
         "import json, sys, threading\n"
-        "from gpuproof.fleet import parse_fleet\n"
+        "from gpuproof.sim.fleet import parse_fleet\n"
         "from gpuproof.sim import kubelet\n"
         "from gpuproof.sim.controlplane import SimCluster, find_free_base\n"
         f"sim = SimCluster({str(tmp_path / 's')!r}, base_port=find_free_base(), private=True)\n"

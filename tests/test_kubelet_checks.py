@@ -19,9 +19,11 @@ import pytest
 from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodCondition, V1PodSpec, V1PodStatus
 from test_real_gpu_checks import suite
 
-from gpuproof.coverage import SIMULATED_REASON, split
-from gpuproof.discovery import KWOK_ANNOTATION, discover
-from gpuproof.pytest_plugin import REAL_GPU_REASON, Checker, Pool, real_gpu_skip_reason
+from gpuproof.plugin.coverage import SIMULATED_REASON, split
+from gpuproof.discovery.nodes import KWOK_ANNOTATION, discover
+from gpuproof.plugin.target import REAL_GPU_REASON
+from gpuproof.plugin.fixtures import Checker, real_gpu_skip_reason
+from gpuproof.plugin.checks import Pool
 from gpuproof.results import RunDir
 
 

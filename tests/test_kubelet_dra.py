@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gpuproof.errors import FleetError
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import kubelet, kubelet_dra
 
 NEEDS = kubelet.missing()
@@ -65,7 +65,7 @@ def test_driver_root_and_cdi_runtime_as_the_chart_and_containerd_want_them():
 
 @pytest.fixture(scope="module")
 def dra_cluster(tmp_path_factory):
-    from gpuproof.cluster import connect
+    from gpuproof.cluster.api import connect
     from gpuproof.sim.controlplane import SimCluster, find_free_base
 
     sim = SimCluster(tmp_path_factory.mktemp("kd") / "s", base_port=find_free_base(), private=True)
@@ -86,7 +86,7 @@ def _mock_devices(sim) -> list[dict]:
 
 
 def _slice_devices(client) -> list[dict]:
-    from gpuproof.dra import GROUP, VERSION
+    from gpuproof.discovery.dra import GROUP, VERSION
 
     slices = client.custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices",
                                                       field_selector=f"spec.nodeName={NODE}")["items"]
@@ -130,8 +130,8 @@ def test_the_driver_pod_publishes_the_nodes_slice(dra_cluster):
 @pytest.mark.sim
 @needs_kubelet
 def test_a_claim_for_one_gpu_gets_that_gpu_only(dra_cluster):
-    from gpuproof import dra
-    from gpuproof.cluster import watch_until
+    from gpuproof.discovery import dra
+    from gpuproof.cluster.api import watch_until
     from gpuproof.sim import images, nvidia
 
     sim, client = dra_cluster

@@ -21,7 +21,7 @@ import yaml
 from test_kubelet_pods import NEEDS, gpuproof_run, records
 
 from gpuproof.errors import FleetError
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 
 pytestmark = [pytest.mark.sim, pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import clusternet, kubelet
 
 NEEDS = kubelet.missing()
@@ -92,7 +92,7 @@ def pod_netns(uid: str) -> tuple[list[str], str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from gpuproof.cluster import connect
+    from gpuproof.cluster.api import connect
     from gpuproof.sim.controlplane import SimCluster, find_free_base
 
     sim = SimCluster(tmp_path_factory.mktemp("net") / "s", base_port=find_free_base(), private=True)
@@ -157,7 +157,7 @@ def test_kubernetes_service_through_kube_proxy(cluster):
 @pytest.mark.sim
 @needs_kubelet
 def test_pods_resolve_headless_records_and_reach_services_on_other_nodes(cluster):
-    from gpuproof.cluster import watch_until
+    from gpuproof.cluster.api import watch_until
     from kubernetes import client as k8s
 
     sim, state, client = cluster

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import kubelet
 
 NEEDS = kubelet.missing()

@@ -16,9 +16,9 @@ import urllib.request
 
 import pytest
 
-from gpuproof import loadpods
-from gpuproof import workloads as wl
-from gpuproof.workloads import WORKLOADS_DIR, import_workload
+from gpuproof.bench import loadpods
+from gpuproof.bench import workloads as wl
+from gpuproof.bench.workloads import WORKLOADS_DIR, import_workload
 
 rules = import_workload("loadclient")
 from loadprocs import ENV, last_json, start_process, stop_process, wait_until  # noqa: E402

@@ -20,7 +20,7 @@ from gpuproof.report.data import load_run
 from gpuproof.report.html import render_html
 from gpuproof.report.summary import render_summary
 from gpuproof.results import RunDir
-from gpuproof.workloads import WORKLOADS_DIR, import_workload
+from gpuproof.bench.workloads import WORKLOADS_DIR, import_workload
 
 rules = import_workload("loadclient")
 from loadprocs import ENV, last_json, start_process, stop_process  # noqa: E402

@@ -1,4 +1,4 @@
-"""The NVML sampler (gpuproof.metrics = workloads/nvml_sampler.py): no-GPU path, the read
+"""The NVML sampler (gpuproof.bench.metrics = workloads/nvml_sampler.py): no-GPU path, the read
 path against an in-memory NVML double, phase statistics, records, and DCGM via Prometheus."""
 
 import json
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuproof import metrics
+from gpuproof.bench import metrics
 from gpuproof.results import RunDir
 
 
@@ -258,7 +258,7 @@ def test_reads_over_budget_move_to_phase_boundaries():
 
 
 def test_cost_summary_by_hand():
-    from gpuproof.workloads import import_workload
+    from gpuproof.bench.workloads import import_workload
 
     cost = import_workload("nvml_sampler")._cost_summary(
         available=True, reason=None, hz=10.0, ndev=2, thread_cpu_s=0.05, ticks=100, tick_cpu_s=0.03,

@@ -15,7 +15,7 @@ import json
 import pytest
 import yaml
 
-from gpuproof.fleet import resolve_fleet_path
+from gpuproof.sim.fleet_file import resolve_fleet_path
 
 pytestmark = pytest.mark.sim
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gpuproof.errors import ControlPlaneError, FleetError
-from gpuproof.fleet import parse_fleet
+from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import dradriver, gpunodes, nvidia
 
 

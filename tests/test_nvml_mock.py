@@ -33,7 +33,7 @@ import yaml
 from gpuproof.bench.base import run_workload
 from gpuproof.bench.health import record_checks
 from gpuproof.errors import ControlPlaneError
-from gpuproof.pytest_plugin import Checker
+from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 from gpuproof.sim import nvidia
 

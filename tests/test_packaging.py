@@ -105,7 +105,7 @@ def test_wheel_holds_what_run_and_bench_need(wheel):
     for folder, wheel_folder in (("suites", "gpuproof/suites"), ("workloads", "gpuproof/_workloads")):
         files = {p.name for p in (REPO / folder).iterdir() if p.suffix in (".py", ".md")}
         assert files and {f"{wheel_folder}/{f}" for f in files} <= names, f"{folder}/ not all in the wheel"
-    for f in ("gpuproof/fleets/minimal.yaml", "gpuproof/fleets/mixed.yaml", "gpuproof/commands/suites.ini",
+    for f in ("gpuproof/sim/fleets/minimal.yaml", "gpuproof/sim/fleets/mixed.yaml", "gpuproof/cli/suites.ini",
               "gpuproof/report/report.js", "gpuproof/report/report.css", "gpuproof/__main__.py"):
         assert f in names, f
     # every package of the checkout (pyproject lists them by hand) is in the wheel
@@ -234,7 +234,7 @@ def test_core_install_runs_from_another_folder(core):
     assert core.run(core.python, "-m", "gpuproof", "--version").stdout.startswith("gpuproof ")
     fleets = core.run("gpuproof", "sim", "fleets").stdout
     assert "minimal" in fleets and "mixed" in fleets
-    where = core.run(core.python, "-c", "import gpuproof, gpuproof.workloads as w, gpuproof.commands.run as r; "
+    where = core.run(core.python, "-c", "import gpuproof, gpuproof.bench.workloads as w, gpuproof.cli.run as r; "
                                         "print(gpuproof.__file__); print(w.workloads_dir()); print(r.suites_dir())")
     pkg, workloads, suites = (Path(line) for line in where.stdout.split())
     assert core.path in pkg.parents and workloads == pkg.parent / "_workloads" and suites == pkg.parent / "suites"

@@ -20,9 +20,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from gpuproof.discovery import discover
-from gpuproof.fleet import load_fleet
-from gpuproof.plan import plan_check, render_text
+from gpuproof.discovery.nodes import discover
+from gpuproof.sim.fleet_file import load_fleet
+from gpuproof.plugin.plan import plan_check, render_text
 
 # suites whose checks create objects without declaring them yet: each entry is a to-do
 # (add @pytest.mark.creates to its checks, then remove it here)
@@ -146,7 +146,7 @@ def test_every_check_that_uses_the_run_declares_what_it_creates(planned):
     plan = json.loads(planned.results["json"].stdout)
     undeclared = [c["id"] for c in plan["checks"] if c["undeclared"]
                   and c["id"].split("::")[0] not in NOT_YET_DECLARED]
-    assert undeclared == [], "checks that create objects without @pytest.mark.creates (see gpuproof/plan.py)"
+    assert undeclared == [], "checks that create objects without @pytest.mark.creates (see gpuproof/plugin/plan.py)"
 
 
 def test_text_plan_and_run_dry_run_agree(planned):
@@ -190,7 +190,7 @@ class _Item:
 
 
 def test_benchmark_checks_are_planned_from_the_benchmarks_own_manifests():
-    from gpuproof.bench import suite
+    from gpuproof.plugin import bench as suite
 
     d = _discovery(simulated=False)
     assert not d.simulated

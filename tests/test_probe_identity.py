@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuproof.suite import mig_device_checks, normalize_uuid, nvml_device_ids, shared_gpu_check
-from gpuproof.workloads import import_workload
+from gpuproof.plugin.checks import mig_device_checks, normalize_uuid, nvml_device_ids, shared_gpu_check
+from gpuproof.bench.workloads import import_workload
 
 probe = import_workload("probe")
 

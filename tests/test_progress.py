@@ -16,8 +16,8 @@ import textwrap
 
 import pytest
 
-from gpuproof.progress import (Board, Estimate, EventView, PodView, Schedule, fmt_bytes, fmt_duration, go_duration,
-                               history, junit_key)
+from gpuproof.plugin.progress_board import Board, EventView, PodView, Schedule, fmt_bytes, fmt_duration, go_duration
+from gpuproof.plugin.progress_eta import Estimate, history, junit_key
 
 PULLED = ('Successfully pulled image "nvcr.io/nvidia/pytorch:24.05-py3" in 1m2.5s (1m2.5s including waiting). '
           'Image size: 9876543210 bytes.')
@@ -147,7 +147,7 @@ def test_estimate_from_earlier_runs_then_from_this_runs_pace():
 INNER = '''
 import datetime as dt
 
-from gpuproof.suite import pod
+from gpuproof.plugin.checks import pod
 
 IMAGE = "registry.example/big:1"
 
@@ -225,8 +225,8 @@ def test_run_shows_long_steps_pulls_and_the_time_left(embedded, tmp_path):
 
 
 def test_run_hands_progress_after_to_pytest_and_refuses_a_negative_one(tmp_path):
-    from gpuproof.cli import build_parser
-    from gpuproof.commands.run import pytest_argv
+    from gpuproof.cli.main import build_parser
+    from gpuproof.cli.run import pytest_argv
 
     args = build_parser().parse_args(["run", "--progress-after", "5"])
     assert "--gpuproof-progress-after=5.0" in pytest_argv(args, "rid")

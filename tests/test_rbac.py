@@ -1,6 +1,6 @@
 """Least-privilege RBAC (issue 11, item 3): deploy/rbac.yaml, and the pre-flight made from the same rules.
 
-- deploy/rbac.yaml is what gpuproof/rbac.yaml makes, its roles nest, and a malformed rules file gives one line;
+- deploy/rbac.yaml is what gpuproof/cluster/rbac.yaml makes, its roles nest, and a malformed rules file gives one line;
 - on the embedded cluster, with ServiceAccount tokens bound only to the shipped roles:
   - removing any single rule from a role makes the pre-flight name exactly that rule;
   - the suites pass with only ``gpuproof-no-bench``, ``gpuproof clean`` works with only ``gpuproof-clean``, and
@@ -27,7 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from gpuproof import rbac
+from gpuproof.cluster import rbac
 from gpuproof.errors import ClusterError
 from conftest import SuiteResult
 from healthy_runs import DRA_SUITE, MIXED, assert_healthy
@@ -60,8 +60,8 @@ def test_deploy_manifest_is_made_from_the_rules_and_roles_nest():
     assert {("ServiceAccount", FULL), ("ClusterRole", FULL), ("ClusterRoleBinding", FULL)} <= kinds
     crb = next(d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == FULL)
     assert crb["subjects"] == [{"kind": "ServiceAccount", "name": FULL, "namespace": "gpuproof-system"}]
-    # the run lease's rules name the lease gpuproof.lease takes, in its namespace
-    from gpuproof import lease
+    # the run lease's rules name the lease gpuproof.cluster.lease takes, in its namespace
+    from gpuproof.cluster import lease
 
     assert SPEC.namespace == lease.NAMESPACE
     assert {n for r in SPEC.rules for n in r.resource_names} == {lease.NAME}
@@ -345,7 +345,7 @@ class Rbac:
         return str(path)
 
     def client(self, sa: str):
-        from gpuproof.cluster import connect
+        from gpuproof.cluster.api import connect
 
         return connect(self.kubeconfig(sa, recorded=False), sa)
 
@@ -467,8 +467,8 @@ def _leftovers(admin, run_id: str) -> None:
 
     from kubernetes import client as k8s
 
-    from gpuproof.cluster import run_labels
-    from gpuproof.lease import NAME, NAMESPACE
+    from gpuproof.cluster.api import run_labels
+    from gpuproof.cluster.lease import NAME, NAMESPACE
 
     labels = run_labels(run_id)
     admin.core.create_namespace({"metadata": {"name": f"gpuproof-{run_id}", "labels": labels}})
@@ -484,7 +484,7 @@ def _lease_exists(admin) -> bool:
     from kubernetes import client as k8s
     from kubernetes.client.exceptions import ApiException
 
-    from gpuproof.lease import NAME, NAMESPACE
+    from gpuproof.cluster.lease import NAME, NAMESPACE
 
     try:
         k8s.CoordinationV1Api(admin.api).read_namespaced_lease(NAME, NAMESPACE)
@@ -574,6 +574,6 @@ def test_a_missing_rule_stops_run_pytest_and_clean_before_they_touch_anything(ro
     finally:
         roles.set_rules("ClusterRole", CLEAN, live)
         admin.clean(["rbac-kept"])
-        from gpuproof.lease import remove_expired
+        from gpuproof.cluster.lease import remove_expired
 
         remove_expired(admin)

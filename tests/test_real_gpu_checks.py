@@ -18,8 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuproof.discovery import discover
-from gpuproof.pytest_plugin import Checker, Pool
+from gpuproof.discovery.nodes import discover
+from gpuproof.plugin.fixtures import Checker
+from gpuproof.plugin.checks import Pool
 from gpuproof.results import RunDir
 
 REPO = Path(__file__).resolve().parents[1]

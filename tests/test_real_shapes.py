@@ -28,9 +28,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuproof import dra
-from gpuproof.discovery import KWOK_ANNOTATION, discover
-from gpuproof.suite import one_device
+from gpuproof.discovery import dra
+from gpuproof.sim import slices as sim_slices
+from gpuproof.discovery.nodes import KWOK_ANNOTATION, discover
+from gpuproof.plugin.checks import one_device
 
 SHAPES = Path(__file__).parent / "shapes" / "healthy"
 GKE_GFD_06 = "gke-a100-gfd-v0.6"
@@ -168,7 +169,7 @@ def nodes_loaded(embedded, shapes, kwok: bool = True):
             for name in dra.CLASS_TYPES:
                 with contextlib.suppress(Exception):       # already there from another fleet: the same
                     client.custom.create_cluster_custom_object(dra.GROUP, dra.VERSION, "deviceclasses",
-                                                               dra.device_class(name))
+                                                               sim_slices.device_class(name))
         for s in slices:
             s = copy.deepcopy(s)
             node = s["spec"]["nodeName"]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gpuproof.cli import main
+from gpuproof.cli.main import main
 from gpuproof.errors import GpuproofError
 from gpuproof.report.baseline import (
     RulesError,

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gpuproof.cli import main
+from gpuproof.cli.main import main
 from gpuproof.errors import GpuproofError
 from gpuproof.report.compare import compare_runs
 from gpuproof.report.data import load_run

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from gpuproof.cli import main
+from gpuproof.cli.main import main
 from gpuproof.errors import GpuproofError
 from gpuproof.report import write_all
 from gpuproof.report.data import load_run, resolve_run

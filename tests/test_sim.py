@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpuproof.errors import ControlPlaneError
-from gpuproof.fleet import load_fleet
+from gpuproof.sim.fleet_file import load_fleet
 from gpuproof.sim.controlplane import PORTS, SimCluster, find_free_base
 
 pytestmark = pytest.mark.sim

@@ -26,7 +26,7 @@ import re
 import pytest
 import yaml
 
-from gpuproof.fleet import resolve_fleet_path
+from gpuproof.sim.fleet_file import resolve_fleet_path
 from healthy_runs import MANAGED, MIXED, assert_healthy
 
 pytestmark = pytest.mark.sim

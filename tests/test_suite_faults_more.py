@@ -20,10 +20,10 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpuproof import dra
+from gpuproof.discovery import dra
 from gpuproof.bench.base import wait_until
-from gpuproof.cluster import RUN_LABEL, watch_until
-from gpuproof.fleet import resolve_fleet_path
+from gpuproof.cluster.api import RUN_LABEL, watch_until
+from gpuproof.sim.fleet_file import resolve_fleet_path
 from test_suite_faults import assert_failed, mixed, run_on_control_plane
 
 pytestmark = pytest.mark.sim

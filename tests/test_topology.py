@@ -1,4 +1,4 @@
-"""The NVLink-set check (gpuproof/topology.py, suites/test_topology.py) over NVIDIA's mock NVML.
+"""The NVLink-set check (gpuproof/discovery/topology.py, suites/test_topology.py) over NVIDIA's mock NVML.
 
 The probe runs as a local process over the mock (``NodeSoftware.mock_env``), seeing the GPUs a pod
 would: the mock shows a process only the GPUs whose ``/dev/nvidia<N>`` exist in its mount namespace
@@ -32,10 +32,10 @@ import test_nvml_mock
 import yaml
 from test_real_gpu_checks import node, suite
 
-from gpuproof import workloads
-from gpuproof.pytest_plugin import Checker
+from gpuproof.bench import workloads
+from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
-from gpuproof.topology import nvlink_set
+from gpuproof.discovery.topology import nvlink_set
 
 # a fresh /dev holding only the GPUs in $GPUS (and what a process needs), then the command
 VISIBLE_ONLY = ("mount -t tmpfs -o mode=755 gpuproof-dev /dev && mknod -m 666 /dev/null c 1 3 && "

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpuproof import workloads as wl
+from gpuproof.bench import workloads as wl
 from gpuproof.errors import GpuproofError
 
 LABELS = {"app.kubernetes.io/managed-by": "gpuproof", "gpuproof.dev/run": "r1"}
@@ -153,7 +153,7 @@ def test_parse_result_takes_the_last_json_line():
 def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workload():
     """The embedded cluster's kubelet nodes lend an image with the host's Python (gpuproof.sim.kubelet.workload_image):
     every workload object mounts its folders read-only at the same path, with its environment."""
-    from gpuproof.loadpods import distributed_manifests
+    from gpuproof.bench.loadpods import distributed_manifests
 
     image = wl.Image("gpuproof.local/workloads:k", host_paths=(("/usr", "/host/usr"), ("/opt/py", "/opt/py")),
                      node_paths=(("/var/lib/gpuproof", "/etc/gpuproof"),),

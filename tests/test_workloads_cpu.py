@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gpuproof.workloads import WORKLOADS_DIR
+from gpuproof.bench.workloads import WORKLOADS_DIR
 
 SCRIPTS = ["probe", "matmul", "allreduce", "inference_server", "loadgen", "nvml_sampler"]
 

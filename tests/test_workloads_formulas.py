@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from gpuproof.workloads import import_workload
+from gpuproof.bench.workloads import import_workload
 
 matmul = import_workload("matmul")
 allreduce = import_workload("allreduce")

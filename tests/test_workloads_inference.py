@@ -33,7 +33,7 @@ import urllib.request
 import pytest
 
 from gpuproof.bench import get
-from gpuproof.workloads import WORKLOADS_DIR, import_workload
+from gpuproof.bench.workloads import WORKLOADS_DIR, import_workload
 from loadprocs import start_process, stop_process
 
 wait_until = import_workload("workload_common").wait_until

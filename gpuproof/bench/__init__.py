@@ -1,7 +1,12 @@
 """Benchmarks: a registry of benchmark classes (see :mod:`gpuproof.bench.base`).
 
 ``gpuproof bench --local <name>`` runs one on this host; the suites in ``suites/``
-run them once per GPU product of a real cluster (and skip on the embedded one).
+run them once per GPU product of a real cluster (and skip on the embedded one). Beside the registry: the
+workloads' pod specs (``workloads``), the load generator's pods (``loadpods``) and the sampler's records
+(``metrics``).
+
+Layer 3, beside ``sim`` and ``report``: may import ``discovery``, ``cluster`` and the base modules, never
+``sim``; the pytest glue of the benchmark suites is :mod:`gpuproof.plugin.bench`.
 """
 
 __all__ = ["REGISTRY", "Benchmark", "get", "names", "register", "run_and_record"]

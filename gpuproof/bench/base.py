@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar
 
 from ..errors import GpuproofError, WaitTimeout
 from ..results import MetricRecord
-from .. import workloads as wl
+from . import workloads as wl
 
 REGISTRY: dict[str, type["Benchmark"]] = {}
 

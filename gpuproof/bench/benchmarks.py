@@ -1,4 +1,7 @@
-"""The registered benchmarks: probe, matmul, allreduce, inference."""
+"""The registered benchmarks: probe, matmul, allreduce, inference.
+
+Long: one class per benchmark (matmul, all-reduce, inference, probe), its pod path and local path side by side.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,8 @@ import os
 import tempfile
 import time
 
-from .. import metrics
-from .. import workloads as wl
+from . import metrics
+from . import workloads as wl
 from ..errors import GpuproofError
 from ..results import MetricRecord
 from .base import (Benchmark, WorkloadProcess, applied, ensure_configmap, pod_name, pod_ready, read_samples,
@@ -392,7 +395,7 @@ class Inference(Benchmark):
         server = wl.inference_manifests(name, labels=labels, namespace=namespace, image=image, gpus=gpus,
                                         resource=resource,
                                         product=product, node=node, server_args=self.workload_args(params))
-        from ..loadpods import DISTRIBUTION_FLAGS, pick_flags
+        from .loadpods import DISTRIBUTION_FLAGS, pick_flags
 
         # one load generator pod; run_in_cluster sizes and starts a master + N worker pods where needed
         load = wl.loadgen_pod(f"{name}-load", wl.service_url(name, namespace),
@@ -429,7 +432,7 @@ class Inference(Benchmark):
         ``workers: auto`` first runs a calibration pod of the worker's size (its requests per
         CPU-second against a stand-in endpoint with answers of the real shape) and sizes
         N = ceil(target / (per-core rate x headroom)); the calibration goes into the result."""
-        from .. import loadpods
+        from . import loadpods
 
         args = self.load_args(params)
         workers, calibration, sizing = params.get("workers") or 1, None, None
@@ -472,7 +475,7 @@ class Inference(Benchmark):
     @staticmethod
     def _worker_pods(run, name: str, workers: int) -> list[dict]:
         """Each worker pod's own totals (its last log line), once the pods have ended (best effort)."""
-        from .. import loadpods
+        from . import loadpods
         from ..errors import WaitTimeout
 
         selector = loadpods.worker_selector(name)

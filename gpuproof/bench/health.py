@@ -75,7 +75,7 @@ class Health(Benchmark):
 
 
 def _workload():
-    from ..workloads import import_workload
+    from .workloads import import_workload
 
     return import_workload("health")
 

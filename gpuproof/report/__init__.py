@@ -1,7 +1,10 @@
 """Reports for a run folder: summary.md, report.html, compare, baselines and rules.
 
 ``write_all(run_path)`` is called at the end of every run; the ``gpuproof report``
-commands (see :mod:`gpuproof.report.cli`) give access to the rest.
+commands (see :mod:`gpuproof.cli.report`) give access to the rest.
+
+Layer 3, beside ``sim`` and ``bench``: reads records only, so it may import the base modules (``results``,
+``errors``) and nothing else of gpuproof.
 """
 
 from __future__ import annotations

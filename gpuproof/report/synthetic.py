@@ -126,7 +126,7 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
                                   message="time-slicing configured but not advertised yet" if pool == "h100" else ""))
     run.add_check(CheckRecord(feature="quota", check="gpu-quota-enforced", target="cluster", verdict="pass",
                               expected="403 Forbidden", actual="403 Forbidden"))
-    # nodes checks left out when they ran (gpuproof.coverage)
+    # nodes checks left out when they ran (gpuproof.plugin.coverage)
     if len(gpu_nodes) > 1:
         cordoned, kwok = gpu_nodes[1], gpu_nodes[-1]
         run.add_coverage([{"check": check, "feature": feature, "node": cordoned["name"], "pool": cordoned["pool"],

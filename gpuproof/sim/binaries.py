@@ -92,7 +92,7 @@ def env_var(name: str) -> str:
 def modules_dir() -> Path:
     """``controlplane/``: the repository's in a checkout (through the ``gpuproof/_controlplane`` link),
     the copy inside the package when installed."""
-    from ..workloads import package_folder
+    from .. import package_folder
 
     return package_folder("_controlplane").resolve()
 

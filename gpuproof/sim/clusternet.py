@@ -80,7 +80,7 @@ def addon_manifest() -> str:
     module = KUBE_PROXY[0]
     copy = _binaries.module_cache(module, _binaries.LDFLAGS[module]) / Path(COREDNS_ADDON).name
     if not copy.exists():
-        from .kubelet import _sh
+        from .kubelet_host import _sh
 
         where = _sh(shutil.which("go") or "go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes",
                     cwd=_binaries.modules_dir() / module, env={**os.environ, "GOFLAGS": "-mod=mod"}).stdout.strip()
@@ -151,14 +151,14 @@ def proxy_config(node, state, kubeconfig: Path) -> dict:
 
 def start_proxy(sim_dir: Path, state, node, root: Path, join: Callable[[], None], *nsenter: str) -> None:
     """Start ``node``'s kube-proxy in its namespaces (``nsenter`` arguments) and daemons' cgroup (``join``)."""
-    from . import kubelet
+    from .kubelet_host import _spawn, client_kubeconfig
 
     etc = root / "etc" / "kube-proxy"
     etc.mkdir(parents=True, exist_ok=True)
-    kubeconfig = kubelet.client_kubeconfig(sim_dir, state, etc, PROXY_USER)
+    kubeconfig = client_kubeconfig(sim_dir, state, etc, PROXY_USER)
     (etc / "config.yaml").write_text(yaml.safe_dump(proxy_config(node, state, kubeconfig), sort_keys=False))
-    proc = kubelet._spawn(root / "logs" / "kube-proxy.log", join, "nsenter", *nsenter, str(kube_proxy_binary()),
-                          f"--config={etc / 'config.yaml'}", "--v=1")
+    proc = _spawn(root / "logs" / "kube-proxy.log", join, "nsenter", *nsenter, str(kube_proxy_binary()),
+                  f"--config={etc / 'config.yaml'}", "--v=1")
     state.pids[f"{node.name}/kube-proxy"] = proc.pid
 
 
@@ -215,7 +215,7 @@ def unload(client) -> None:
 def deploy(client, state, progress: Progress = _quiet) -> None:
     """Publish the ``kubernetes`` endpoints and create CoreDNS (its RBAC, Corefile, Deployment and Service)."""
     from . import images
-    from .kubelet import _create
+    from .kubelet_host import _create
 
     unload(client)
     _, image = images.coredns_image(coredns_binary(), COREDNS_VERSION)
@@ -231,8 +231,8 @@ def wait(client, state, timeout: float) -> None:
     (kube-proxy syncs up to a second after the API says so: a pod asking before that is refused)."""
     from kubernetes import client as k8s
 
-    from ..cluster import watch_until
-    from .kubelet import _sh
+    from ..cluster.api import watch_until
+    from .kubelet_host import _sh
 
     deadline = time.monotonic() + timeout
 

@@ -1,6 +1,8 @@
 """Run the embedded cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 and the kwok controller as local processes on 127.0.0.1, plus the fleet's Node objects.
 
+Long: starts, checks and stops the control plane's processes in one order; split, that order would scatter.
+
 Why our own launcher rather than ``kwokctl --runtime binary``: kwokctl downloads its
 binaries and keeps its own state layout; we need the pinned binaries we built, a
 loopback-only bind, a clear error for each port in use, and to swap the fleet (and
@@ -34,7 +36,7 @@ import yaml
 
 from ..errors import ControlPlaneError
 from ..vocab import SIMULATED
-from ..fleet import KWOK_ANNOTATION, ControlPlane, Fleet, kwok_managed
+from .fleet import KWOK_ANNOTATION, ControlPlane, Fleet, kwok_managed
 from . import binaries as _binaries
 from .pki import make_pki
 from .stages import kwok_config
@@ -213,7 +215,7 @@ class SimCluster:
         return self.kubeconfig
 
     def workload_image(self):
-        """The image (a :class:`gpuproof.workloads.Image`) gpuproof's workload pods run in on this cluster's
+        """The image (a :class:`gpuproof.bench.workloads.Image`) gpuproof's workload pods run in on this cluster's
         kubelet GPU nodes; None when it has none (its kwok nodes run no pods)."""
         from . import kubelet
 
@@ -245,7 +247,7 @@ class SimCluster:
 
     def load_fleet(self, fleet: Fleet, progress: Progress = _quiet, timeout: float = 120.0) -> None:
         """Replace the simulated nodes with the fleet's, and restart kwok with the fleet's stages."""
-        from ..cluster import connect  # local import: kubernetes client is slow to import
+        from ..cluster.api import connect  # local import: kubernetes client is slow to import
 
         state = self.load_state()
         if state is None:
@@ -445,14 +447,14 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     """
     from kubernetes.client.exceptions import ApiException
 
-    from ..dra import GROUP, SIM_LABEL, VERSION
+    from ..vocab import DRA_GROUP, DRA_VERSION, SIM_DRA_LABEL
     from ..vocab import SLICES_BY
     from . import dradriver, gpunodes, nvidia
 
     custom = client.custom
     for plural in ("resourceslices", "deviceclasses"):
         with contextlib.suppress(ApiException):
-            custom.delete_collection_cluster_custom_object(GROUP, VERSION, plural, label_selector=f"{SIM_LABEL}=true")
+            custom.delete_collection_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, label_selector=f"{SIM_DRA_LABEL}=true")
     dradriver.delete_all(client)
     pools = [p for p in fleet.pools if p.dra]
     if not pools:
@@ -461,7 +463,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     wanted = fleet.device_classes
     classes = [c for c in dradriver.device_classes(sw) if wanted is None or c["metadata"]["name"] in wanted]
     for c in classes:
-        custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", c)
+        custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses", c)
     pools = [p for p in pools if p.backend == "kwok"]     # on kubelet nodes the driver runs as pods (kubelet_dra)
     driven = [(name, gpunodes.mock_config(sw, p.gpu, seed=name, failures=p.nvml_failures(i)))
               for p in pools if not p.mig_enabled for i, name in enumerate(p.node_names())]
@@ -470,7 +472,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     modelled = [s for p in pools if p.mig_enabled for s in p.resource_slices(uids)]
     if modelled:
         progress(f"DRA: {len(modelled)} ResourceSlices of MIG devices are gpuproof's model (the mock enumerates none)")
-        _parallel(lambda o: custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", o), modelled)
+        _parallel(lambda o: custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", o), modelled)
     by = {}
     for p in pools:
         for i, name in enumerate(p.node_names()):

@@ -93,8 +93,8 @@ def publish(sw: NodeSoftware, client, kubeconfig: str, nodes: list[tuple[str, di
 
     Returns node -> "" (published) or why it published nothing (the plugin's own error).
     """
-    from ..cluster import watch_until
-    from ..dra import GROUP, VERSION
+    from ..cluster.api import watch_until
+    from ..vocab import DRA_GROUP, DRA_VERSION
 
     if not nodes:
         return {}
@@ -116,7 +116,7 @@ def publish(sw: NodeSoftware, client, kubeconfig: str, nodes: list[tuple[str, di
                         watch_until(custom.list_cluster_custom_object, lambda cache: bool(cache),
                                     timeout=min(2.0, max(0.5, deadline - time.monotonic())),
                                     what=f"NVIDIA's DRA driver to publish node {node}'s ResourceSlice",
-                                    group=GROUP, version=VERSION, plural="resourceslices",
+                                    group=DRA_GROUP, version=DRA_VERSION, plural="resourceslices",
                                     field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")
                         return node, ""
                     except WaitTimeout:
@@ -137,30 +137,30 @@ def delete_all(client) -> None:
     """Remove every slice of NVIDIA's driver (the embedded cluster's only) and the chart's classes."""
     from kubernetes.client.exceptions import ApiException
 
-    from ..dra import CLASS_TYPES, GROUP, VERSION
+    from ..vocab import CLASS_TYPES, DRA_GROUP, DRA_VERSION
 
     custom = client.custom
     with contextlib.suppress(ApiException):
-        for sl in custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices",
+        for sl in custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices",
                                                     field_selector=f"spec.driver={DRIVER}")["items"]:
             with contextlib.suppress(ApiException):
-                custom.delete_cluster_custom_object(GROUP, VERSION, "resourceslices", sl["metadata"]["name"])
+                custom.delete_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", sl["metadata"]["name"])
     for name in CLASS_TYPES:
         with contextlib.suppress(ApiException):
-            custom.delete_cluster_custom_object(GROUP, VERSION, "deviceclasses", name)
+            custom.delete_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses", name)
 
 
 def apply_faults(client, node: str, faults) -> bool:
     """Fleet faults in the slice NVIDIA's driver published for ``node`` (gpuproof's own tests use them).
     Returns whether any changed it."""
-    from ..dra import GROUP, VERSION
-    from ..fleet import dra_faults_applied
+    from ..vocab import DRA_GROUP, DRA_VERSION
+    from .fleet import dra_faults_applied
 
     faults = [f for f in faults if f.dra_drop_devices or f.dra_set_attributes or f.dra_duplicate_device]
     if not faults:
         return False
     custom = client.custom
-    slices = custom.list_cluster_custom_object(GROUP, VERSION, "resourceslices",
+    slices = custom.list_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices",
                                                field_selector=f"spec.nodeName={node},spec.driver={DRIVER}")["items"]
     if not slices:
         return False
@@ -169,12 +169,12 @@ def apply_faults(client, node: str, faults) -> bool:
     sl["spec"]["devices"] = devices
     if duplicate is not None:
         sl["spec"]["pool"]["resourceSliceCount"] = 2
-    sl.update({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice"})
-    custom.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", sl["metadata"]["name"], sl)
+    sl.update({"apiVersion": f"{DRA_GROUP}/{DRA_VERSION}", "kind": "ResourceSlice"})
+    custom.replace_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", sl["metadata"]["name"], sl)
     if duplicate is not None:
-        second = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice",
+        second = {"apiVersion": f"{DRA_GROUP}/{DRA_VERSION}", "kind": "ResourceSlice",
                   "metadata": {"name": sl["metadata"]["name"] + "-dup",
                                "ownerReferences": sl["metadata"].get("ownerReferences", [])},
                   "spec": {**sl["spec"], "devices": [duplicate]}}
-        custom.create_cluster_custom_object(GROUP, VERSION, "resourceslices", second)
+        custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "resourceslices", second)
     return True

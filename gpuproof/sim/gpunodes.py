@@ -80,7 +80,7 @@ def mock_config(sw: NodeSoftware, gpu, *, seed: str, failures: dict[int, str] | 
     if gpu.count > MOCK_MAX_GPUS:
         raise ControlPlaneError(f"NVIDIA's mock NVML shows at most {MOCK_MAX_GPUS} GPUs per node; "
                                 f"{gpu.count}x {gpu.product} cannot be simulated")
-    from ..dra import nvml_name
+    from .slices import nvml_name
 
     profile = _PROFILE_BY_PRODUCT.get(gpu.product) or _BASE_PROFILE.get(gpu.family, "h100")
     cfg = yaml.safe_load((sw.profiles / f"mock-nvml-config-{profile}.yaml").read_text())

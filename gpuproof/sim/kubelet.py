@@ -1,5 +1,7 @@
 """Real kubelet nodes for the embedded cluster (fleet pools with ``backend: kubelet``).
 
+Long: a kubelet node's life from start to stop; what its neighbours share is kubelet_host's.
+
 Each node is a real kubelet (built from ``controlplane/kube``) with its own containerd (Debian's
 ``containerd``, ``runc`` and ``containernetworking-plugins``), both in the node's own network
 namespace and mount namespace:
@@ -46,6 +48,9 @@ import yaml
 from ..errors import ControlPlaneError
 from . import binaries as _binaries
 from . import clusternet, kubelet_faults
+from .kubelet_host import (DEV_ROOT, DRA_NODE_LABEL, GFD_ACCOUNT, MOCK_CONFIG_IN_POD, NFD_NAMESPACE,  # noqa: F401
+                           NODE_FILES, NODE_FILES_IN_POD, NVIDIA_MAJOR, NVIDIA_NODE_LABEL, PLUGIN_NAMESPACE,
+                           _create, _sh, _spawn, client_kubeconfig, with_node_files)
 
 Progress = Callable[[str], None]
 KUBELET = ("kube", "k8s.io/kubernetes/cmd/kubelet")
@@ -193,14 +198,6 @@ def _save(sim_dir: Path, state: State) -> None:
     tmp.replace(path)
 
 
-def _sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if check and proc.returncode != 0:
-        raise ControlPlaneError(f"kubelet nodes: `{' '.join(cmd)}` exited {proc.returncode}: "
-                                f"{(proc.stderr or proc.stdout).strip()}")
-    return proc
-
-
 # ---------------------------------------------------------------------------- config files
 
 
@@ -264,35 +261,6 @@ def kubelet_config(node: Node, state: State, ca: Path) -> dict:
 def node_kubeconfig(sim_dir: Path, node: Node, state: State, out: Path) -> Path:
     """A kubeconfig for ``system:node:<name>`` (group ``system:nodes``), signed by the cluster's CA."""
     return client_kubeconfig(sim_dir, state, out, f"system:node:{node.name}", "system:nodes")
-
-
-def client_kubeconfig(sim_dir: Path, state: State, out: Path, user: str, group: str | None = None) -> Path:
-    """A kubeconfig in ``out`` for ``user`` (in ``group``) to the API server through the node bridge, with a
-    client certificate signed by the cluster's CA."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.x509.oid import ExtendedKeyUsageOID
-
-    from .pki import _key, _name, _sign, _write_cert, _write_key
-
-    pki = Path(sim_dir) / "pki"
-    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
-    key = _key()
-    cert = _sign(_name(user, group), key.public_key(), ca.subject, ca_key, ca=False,
-                 usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
-    _write_key(out / "client.key", key)
-    _write_cert(out / "client.crt", cert)
-    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "node",
-           "clusters": [{"name": "sim", "cluster": {"server": f"https://{state.gateway}:{state.api_port}",
-                                                    "certificate-authority": str(pki / "ca.crt"),
-                                                    "tls-server-name": "127.0.0.1"}}],
-           "users": [{"name": "node", "user": {"client-certificate": str(out / "client.crt"),
-                                               "client-key": str(out / "client.key")}}],
-           "contexts": [{"name": "node", "context": {"cluster": "sim", "user": "node"}}]}
-    path = out / "kubeconfig"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
 
 
 # ---------------------------------------------------------------------------- host plumbing
@@ -469,7 +437,7 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     for tar, _ in tars:
         _sh(*ctr, "-n", "k8s.io", "images", "import", str(tar))
     # the suites' placeholder pods name the upstream pause image; the nodes reach no registry, so it is ours
-    from ..suite import PAUSE_IMAGE
+    from ..images import PAUSE_IMAGE
 
     if PAUSE_IMAGE != images.PAUSE:
         _sh(*ctr, "-n", "k8s.io", "images", "tag", "--force", images.PAUSE, PAUSE_IMAGE)
@@ -483,12 +451,6 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
                   *args)
     state.pids[f"{n.name}/kubelet"] = proc.pid
     clusternet.start_proxy(sim_dir, state, n, root, join, netns, f"--mount=/proc/{containerd.pid}/ns/mnt")
-
-
-def _spawn(log: Path, preexec: Callable[[], None], *cmd: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=preexec, env=env)
 
 
 def _wait_for(ready: Callable[[], bool], timeout: float, what: str, log: Path, proc: subprocess.Popen) -> None:
@@ -546,21 +508,10 @@ def _kill_all(state: State, timeout: float = 30.0) -> None:
 
 # ---------------------------------------------------------------------------- a fleet's kubelet pools
 
-NVIDIA_NODE_LABEL = "gpuproof.dev/nvidia-node"          # where the NVIDIA DaemonSets run (gpuproof's own label)
-DRA_NODE_LABEL = "gpuproof.dev/dra-node"                # where NVIDIA's DRA driver runs, not the device plugin
-PLUGIN_NAMESPACE = "nvidia-device-plugin"
-NFD_NAMESPACE = "node-feature-discovery"
-GFD_ACCOUNT = "nvidia-device-plugin-service-account"   # as NVIDIA's chart names it
-NODE_FILES = "gpuproof"                                  # under the node's /var/lib: its mock NVML and plugin config
-NODE_FILES_IN_POD = "/etc/gpuproof"                      # where NVIDIA's pods and gpuproof's read the node's files
-MOCK_CONFIG_IN_POD = f"{NODE_FILES_IN_POD}/mock-nvml.yaml"
-DEV_ROOT = f"/var/lib/{NODE_FILES}/driver"               # the node's /dev/nvidia<N> are under <DEV_ROOT>/dev
-NVIDIA_MAJOR = 195                                       # the major number of NVIDIA's /dev/nvidia<N>
-
 
 def fleet_nodes(fleet) -> list[tuple[Node, object]]:
     """(node, pool) for every node of the fleet's kubelet pools, numbered across them."""
-    from ..fleet import POOL_LABEL
+    from .fleet import POOL_LABEL
 
     out = []
     for pool in (p for p in fleet.pools if p.backend == "kubelet"):
@@ -616,17 +567,6 @@ def _mock_overrides(sw, config: str, commands: list[str], node: str) -> str:
         return out.read_text()
 
 
-def with_node_files(container: dict, volumes: list[dict]) -> tuple[dict, list[dict]]:
-    """The container (and the pod's volumes) reading the node's files (mock NVML config, plugin config) from
-    /etc/gpuproof, NVIDIA's mock NVML over the node's config."""
-    container = {**container, "env": [{"name": "MOCK_NVML_CONFIG", "value": MOCK_CONFIG_IN_POD},
-                                      *container.get("env", [])],
-                 "volumeMounts": [*container.get("volumeMounts", []),
-                                  {"name": "node-files", "mountPath": NODE_FILES_IN_POD, "readOnly": True}]}
-    return container, [*volumes, {"name": "node-files", "hostPath": {"path": f"/var/lib/{NODE_FILES}",
-                                                                     "type": "Directory"}}]
-
-
 def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], **spec) -> dict:
     """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files from /etc/gpuproof."""
     labels = {"app.kubernetes.io/name": app}
@@ -680,19 +620,6 @@ def gfd_rbac() -> list[dict]:
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
          "subjects": [{"kind": "ServiceAccount", "name": GFD_ACCOUNT, "namespace": PLUGIN_NAMESPACE}]}]
-
-
-def _create(client, manifests: list[dict]) -> None:
-    """Create the objects; one already there (from an earlier fleet) is kept."""
-    from kubernetes import utils as k8s_utils
-
-    for m in manifests:
-        try:
-            k8s_utils.create_from_dict(client.api, m)
-        except k8s_utils.FailToCreateError as exc:
-            if any(e.status != 409 for e in exc.api_exceptions):
-                raise ControlPlaneError(f"kubelet nodes: creating {m['kind']} {m['metadata']['name']}: "
-                                        f"{exc.api_exceptions[0].reason}") from None
 
 
 def _start_nfd_master(sim_dir: Path, state: State, folder: Path, client) -> None:
@@ -792,7 +719,7 @@ def workload_image(name: str):
     NVIDIA container toolkit would give a real node's driver (the host's ``/usr`` at ``/host/usr``: the image's
     own ``/usr`` takes what NVIDIA's CDI injection mounts there). The workloads take their CPU path (``device``):
     NVML answers for the node's GPUs, CUDA has none."""
-    from ..workloads import Image
+    from ..images import Image
 
     import sysconfig
 
@@ -812,7 +739,7 @@ def workload_image(name: str):
 
 def lent_image(sim_dir: Path):
     """The workload image this cluster's kubelet nodes lend (None: no kubelet GPU nodes)."""
-    from ..workloads import Image
+    from ..images import Image
 
     f = state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE
     return Image.from_json(json.loads(f.read_text())) if f.exists() else None
@@ -822,7 +749,7 @@ def _wait_gpu_nodes(client, names: set[str], timeout: float, dra: set[str] = fro
     """Until every GPU node has GFD's labels (through NFD's master) and, unless ``dra`` names it (NVIDIA's DRA
     driver offers its GPUs) or its device plugin crash-loops, the device plugin's resources. Returns the nodes whose
     device plugin crash-loops (:func:`kubelet_faults.crashed_device_plugins`, asked while a node does not advertise)."""
-    from ..cluster import watch_until
+    from ..cluster.api import watch_until
 
     crashed: set[str] = set()
 

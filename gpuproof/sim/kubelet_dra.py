@@ -33,7 +33,7 @@ from typing import Callable
 import yaml
 
 from . import binaries as _binaries
-from .kubelet import DEV_ROOT, DRA_NODE_LABEL, _create, with_node_files
+from .kubelet_host import DEV_ROOT, DRA_NODE_LABEL, _create, with_node_files
 
 Progress = Callable[[str], None]
 
@@ -214,8 +214,8 @@ def deploy(client, sw, nodes: list[str], image: str, timeout: float, progress: P
     mark who published it on the node (``gpuproof.dev/slices-by``, as on kwok DRA nodes)."""
     from kubernetes.client.exceptions import ApiException
 
-    from ..cluster import watch_until
-    from ..dra import GROUP, VERSION
+    from ..cluster.api import watch_until
+    from ..vocab import DRA_GROUP, DRA_VERSION
     from ..vocab import SLICES_BY
     from .dradriver import DRIVER
 
@@ -236,7 +236,7 @@ def deploy(client, sw, nodes: list[str], image: str, timeout: float, progress: P
 
     watch_until(client.custom.list_cluster_custom_object, published, timeout,
                 f"NVIDIA's DRA kubelet plugin to publish the ResourceSlices of {', '.join(nodes)}", describe=describe,
-                group=GROUP, version=VERSION, plural="resourceslices", field_selector=f"spec.driver={DRIVER}")
+                group=DRA_GROUP, version=DRA_VERSION, plural="resourceslices", field_selector=f"spec.driver={DRIVER}")
     for name in nodes:
         client.core.patch_node(name, {"metadata": {"annotations": {
             SLICES_BY: f"{sw.dra_driver} (DaemonSet {NAMESPACE}/{DAEMONSET})"}}})

@@ -14,7 +14,7 @@ import contextlib
 from kubernetes.client.exceptions import ApiException
 
 from ..vocab import OPERATOR_COMPONENT_APPS
-from ..fleet import NO_OPERATOR_POD, kwok_managed
+from .fleet import NO_OPERATOR_POD, kwok_managed
 
 NAMESPACE = "gpu-operator"
 DEPLOY = "nvidia.com/gpu.deploy.{component}"
@@ -51,7 +51,7 @@ def daemonset(component: str) -> dict:
 
 def apply(client, nodes: list[dict], timeout: float, progress=lambda msg: None) -> None:
     """Replace the previous fleet's operator pods with those its Node objects call for; wait until Ready."""
-    from ..cluster import watch_until
+    from ..cluster.api import watch_until
 
     core, apps = client.core, client.apps
     with contextlib.suppress(ApiException):

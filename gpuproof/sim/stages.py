@@ -16,7 +16,7 @@ import json
 
 import yaml
 
-from ..fleet import Fleet
+from .fleet import Fleet
 from ..vocab import GPU, GPU_SHARED
 
 _POD = {"apiGroup": "v1", "kind": "Pod"}

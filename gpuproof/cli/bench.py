@@ -1,0 +1,223 @@
+"""``gpuproof bench --local <benchmark>``: run benchmarks on this host and write a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..errors import GpuproofError
+
+def _choices() -> tuple[str, ...]:
+    """Every registered benchmark, and 'all' (the registry is the one list of them)."""
+    from ..bench import names
+
+    return (*names(), "all")
+
+DESCRIPTION = """\
+Run gpuproof's benchmarks on this host, on its GPU (default when torch sees one) or on
+the CPU, and write reports/<run-id>/ with long-format records (metrics.jsonl +
+metrics.parquet), utilization samples (samples.jsonl, when a GPU is sampled) and each
+benchmark's raw JSON result (bench-<name>.json).
+
+The benchmarks run the same scripts that run in cluster pods (workloads/*.py), as
+subprocesses. To benchmark a cluster's GPUs, run the bench suites against it:
+gpuproof run --kubeconfig ... --only-bench.
+"""
+
+EPILOG = """\
+benchmarks:
+  probe       torch/CUDA/driver versions, visible GPUs (NVML, MIG UUIDs), a checked kernel
+  matmul      TFLOPS per dtype (fp32, tf32, bf16, fp16, fp8) and size, ratio to datasheet peak
+  allreduce   all-reduce sweep (8 B to 1 GiB): algbw, busbw, #wrong as nccl-tests defines them
+  inference   LLM serving under locust load (built-in OpenAI-compatible server on 127.0.0.1, or --url):
+              TTFT, TPOT, output tokens/s, goodput, capacity and what bound it
+  all         all of the above
+
+examples:
+  gpuproof bench --local matmul
+  gpuproof bench --local matmul --dtypes bf16,fp8 --sizes 4096,8192
+  gpuproof bench --local allreduce --nproc 8 --max-bytes 1G
+  gpuproof bench --local inference --slo-ttft-ms 500 --slo-tpot-ms 50
+  gpuproof bench --local inference --url http://127.0.0.1:8000 --model my-model   # your own endpoint
+  gpuproof bench --local all --device cpu
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="run benchmarks on this host (GPU or CPU) and write a run folder",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    choices = _choices()
+    p.add_argument("benchmark", choices=choices, metavar="{" + ",".join(choices) + "}", help="what to run")
+    p.add_argument("--local", action="store_true",
+                   help="run on this host (required: cluster benchmarks run through `gpuproof run --only-bench`)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cuda when torch sees a GPU (auto, default), or force cpu / cuda")
+    p.add_argument("--sizes", default=None,
+                   help="matmul: N or MxNxK list (e.g. 4096,8192); allreduce: byte sizes (e.g. 8,1K,1M). "
+                        "With 'all' use --matmul-sizes / --allreduce-sizes")
+    p.add_argument("--matmul-sizes", default=None, help="matmul sizes when running 'all'")
+    p.add_argument("--allreduce-sizes", default=None, help="all-reduce sizes when running 'all'")
+    p.add_argument("--dtypes", default=None, help="matmul dtypes: fp32,tf32,bf16,fp16,fp8 (default: all supported)")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations (matmul, allreduce)")
+    p.add_argument("--min-bytes", default=None, help="allreduce: smallest message (default 8)")
+    p.add_argument("--max-bytes", default=None, help="allreduce: largest message (default 1G; 64M on the CPU)")
+    p.add_argument("--nproc", type=int, default=None, help="allreduce: local ranks (default 1; GPUs: one per GPU)")
+    p.add_argument("--rates", default=None,
+                   help="inference: LO:HI searches for the capacity (default 1:1024; CPU 1:256), a,b,c runs those")
+    p.add_argument("--step-s", type=float, default=None, help="inference: seconds of sending per load step")
+    p.add_argument("--url", default=None,
+                   help="inference: drive this OpenAI-compatible endpoint (vLLM, TGI, SGLang, NIM, ...) instead of "
+                        "the built-in server")
+    p.add_argument("--model", default=None, help="inference: model name to send (default: the first of /v1/models)")
+    p.add_argument("--input-tokens", type=int, default=None, help="inference: prompt length (default 512; CPU 64)")
+    p.add_argument("--output-tokens", type=int, default=None, help="inference: max_tokens (default 128; CPU 32)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, help="inference: time-to-first-token SLO in ms")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="inference: time-per-output-token SLO in ms")
+    p.add_argument("--users", type=int, default=None, help="inference: locust users (default 512; CPU 64)")
+    p.add_argument("--sample-hz", type=float, default=None, help="NVML sampling rate (default 10; 0 = off)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads torch may use in the workloads")
+    p.add_argument("--prometheus", default=None,
+                   help="also read DCGM exporter series from this Prometheus URL for each benchmark's time window")
+    p.add_argument("--prometheus-selector", default="",
+                   help='label selector for the DCGM series, e.g. Hostname="node-a"')
+    p.add_argument("--out", default="reports", help="parent folder of run folders (default: reports)")
+    p.add_argument("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
+    p.add_argument("--quiet", action="store_true", help="do not echo the workloads' progress")
+    p.set_defaults(func=_bench)
+
+
+def _params(name: str, args) -> dict:
+    sizes = args.sizes
+    common = {"sample_hz": args.sample_hz, "threads": args.threads}
+    if name == "matmul":
+        return {**common, "sizes": args.matmul_sizes or sizes, "dtypes": args.dtypes, "iters": args.iters}
+    if name == "allreduce":
+        return {**common, "sizes": args.allreduce_sizes or sizes, "min_bytes": args.min_bytes,
+                "max_bytes": args.max_bytes, "iters": args.iters, "nproc": args.nproc}
+    if name == "inference":
+        return {**common, "rates": args.rates, "step_s": args.step_s, "url": args.url, "model": args.model,
+                "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
+                "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms, "users": args.users}
+    return {"threads": args.threads}
+
+
+def _device(choice: str) -> str:
+    if choice != "auto":
+        return choice
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _headline(name: str, result: dict) -> str:
+    if name == "probe":
+        return (f"torch {result.get('torch')}, {len(result.get('torch_devices') or [])} CUDA device(s), "
+                f"driver {result.get('driver_version')}, kernel check {'ok' if result.get('ok') else 'FAILED'}")
+    if name == "matmul":
+        return "; ".join(f"{r['dtype']} {r['m']}: {r['tflops']:.3g} TFLOPS"
+                         + (f" ({r['ratio_to_peak']:.0%} of peak)" if r.get("ratio_to_peak") else "")
+                         for r in result.get("results") or [])
+    if name == "allreduce":
+        if result.get("no_bandwidth_reason"):
+            return f"world size {result.get('world_size')}: no bandwidth ({result['no_bandwidth_reason']})"
+        return (f"world size {result.get('world_size')}, avg busbw {result.get('avg_busbw_gbps') or 0:.3g} GB/s, "
+                f"#wrong {result.get('wrong_total')}")
+    if name == "hbm":
+        return "; ".join(f"{r['kernel']} {r['gbps']:.4g} GB/s"
+                         + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")
+                         for r in result.get("results") or [])
+    if name == "health":
+        from ..bench.health import headline
+
+        return headline(result)
+    if name == "inference":
+        load = result.get("load") or {}
+        cap = load.get("at_capacity") or {}
+        srv = cap.get("server") or {}
+        head = (f"capacity {load.get('capacity_rps')} req/s, bound by {load.get('bound_by')} "
+                f"({load.get('bound_reason')})")
+        if load.get("capacity_rps") is not None:
+            head += (f"; at capacity TTFT p99 {cap.get('ttft_p99_ms') or 0:.0f} ms, TPOT p99 "
+                     f"{cap.get('tpot_p99_ms') or 0:.1f} ms, {cap.get('output_tokens_per_s') or 0:.0f} output tokens/s")
+            if srv.get("overhead_fraction") is not None:
+                head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
+                         f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
+        return head
+    return ""
+
+
+def _dcgm(args, run_dir, name: str, start: float, end: float) -> None:
+    from ..bench import metrics
+
+    try:
+        dcgm = metrics.dcgm_phase_summary(args.prometheus, [{"name": name, "start": start, "end": end}],
+                                          selector=args.prometheus_selector)
+    except Exception as exc:  # an extra source: report, do not fail the benchmark
+        print(f"  {name}: could not read DCGM series from {args.prometheus}: {exc}", file=sys.stderr)
+        return
+    records = metrics.dcgm_to_records(dcgm, benchmark=name, node="local")
+    run_dir.add_metrics(records)
+    print(f"  {name}: {len(records)} DCGM records from {args.prometheus}", file=sys.stderr)
+
+
+def _bench(args) -> int:
+    if not args.local:
+        raise GpuproofError("gpuproof bench runs on this host only: add --local. To benchmark a cluster's GPUs "
+                            "run the bench suites: gpuproof run --kubeconfig <file> --only-bench")
+    if args.benchmark == "all" and args.sizes:
+        raise GpuproofError("--sizes is ambiguous with 'all' (matmul and allreduce sizes differ); "
+                            "use --matmul-sizes and --allreduce-sizes")
+    from .extras import require
+
+    # the workloads run here, as subprocesses: torch for all, locust for the load generator
+    require("bench", ["torch"] + (["locust"] if args.benchmark in ("inference", "all") else []),
+            "gpuproof bench --local")
+    from ..results import _SAFE, RunDir
+
+    if args.run_id and not _SAFE.match(args.run_id):
+        raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
+    from ..bench import names
+    from ..bench.benchmarks import run_and_record
+    from ..bench.metrics import unavailable_reason
+
+    device = _device(args.device)
+    todo = names() if args.benchmark == "all" else [args.benchmark]
+    run_dir = RunDir.create(args.out, args.run_id, target="local", cluster="local", argv=sys.argv[1:])
+    print(f"gpuproof bench: run {run_dir.run_id} on {device} -> {run_dir.path}/", file=sys.stderr)
+    failed: list[str] = []
+    notes: dict[str, str] = {}
+    for name in todo:
+        print(f"gpuproof bench: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.time()
+        from ..bench import get
+
+        params = get(name).params(_params(name, args), device=device)
+        if name == "allreduce" and device == "cuda" and args.nproc is None:
+            import torch
+
+            params["nproc"] = max(1, torch.cuda.device_count())
+        try:
+            result, records = run_and_record(name, run_dir, params, echo=not args.quiet)
+        except GpuproofError as exc:
+            print(f"gpuproof bench: {name} failed: {exc}", file=sys.stderr)
+            failed.append(name)
+            continue
+        if args.prometheus:
+            _dcgm(args, run_dir, name, t0, time.time())
+        (run_dir.path / f"bench-{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
+        why = unavailable_reason(result.get("utilization")) if name != "probe" else None
+        if why:
+            notes[name] = why
+        ok = result.get("ok", True)
+        if not ok:
+            failed.append(name)
+        print(f"  {name}: {'ok' if ok else 'FAILED'} in {time.time() - t0:.1f}s, {len(records)} records. "
+              f"{_headline(name, result)}", flush=True)
+    if notes:
+        print(f"  utilization not sampled: {next(iter(notes.values()))}", flush=True)
+    run_dir.meta.extra = {"device": device, "benchmarks": todo, "failed": failed, "utilization_notes": notes}
+    run_dir.finalize("failed" if failed else "passed")
+    print(f"gpuproof bench: {run_dir.path}/ ({'failed: ' + ', '.join(failed) if failed else 'all ok'})")
+    return 1 if failed else 0

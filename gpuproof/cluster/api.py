@@ -1,0 +1,481 @@
+"""Cluster access: connect, a namespace per run, apply, watch-based waits, cleanup.
+
+Long: the one client of the Kubernetes API: connecting, one-line errors, waits and the run's namespace together.
+
+Everything a run creates carries the run's labels::
+
+    app.kubernetes.io/managed-by: gpuproof
+    gpuproof.dev/run: <run-id>
+
+and lives in the run's namespace ``gpuproof-<run-id>``, except cluster-scoped objects
+the suite needs (PriorityClasses), which carry the same labels. :meth:`Run.cleanup`
+deletes exactly those; ``gpuproof clean`` deletes those of earlier runs. Nothing
+else in the cluster is ever modified.
+
+Waits use watches with a deadline; a timeout raises :class:`WaitTimeout` naming what
+was awaited and the last state seen. A wait on the run's pods also ends, with the same error,
+as soon as one of them has been bound to a node for ``KUBELET_SILENCE`` seconds without a word
+from that node's kubelet, or its kubelet says it can never start it (:data:`NEVER_STARTS`): such a pod
+never starts, and saying so beats waiting out the deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterable
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import utils as k8s_utils
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from ..errors import ClusterError, WaitTimeout
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RUN_LABEL = "gpuproof.dev/run"
+OWNER = "gpuproof"
+NAMESPACE_PREFIX = "gpuproof-"
+KUBELET_SILENCE = 60.0      # seconds a pod may sit bound to a node with no status from its kubelet
+# a container's waiting reasons that no retry of the kubelet ends: the image is not on the node and the pod may
+# not pull it (imagePullPolicy: Never), or its name is no image reference
+NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
+
+
+def run_labels(run_id: str) -> dict[str, str]:
+    return {MANAGED_BY: OWNER, RUN_LABEL: run_id}
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None, check: bool = True) -> "Cluster":
+    """Connect by kubeconfig/context. With check, fail fast and clearly when unreachable."""
+    cfg = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    except ConfigException as exc:
+        raise ClusterError(f"cannot use kubeconfig {kubeconfig or '~/.kube/config'}"
+                           f"{f' context {context!r}' if context else ''}: {exc}") from None
+    except FileNotFoundError as exc:
+        raise ClusterError(f"kubeconfig not found: {exc.filename}") from None
+    cfg.retries = urllib3.Retry(total=3, connect=2, read=0, backoff_factor=0.2)
+    api = k8s.ApiClient(cfg)
+    name = context or _current_context(kubeconfig)
+    cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
+    if check:
+        cluster.check_reachable()
+    return cluster
+
+
+def _current_context(kubeconfig: str | None) -> str:
+    with contextlib.suppress(Exception):
+        _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        return active["name"]
+    return "default"
+
+
+class Cluster:
+    def __init__(self, api: k8s.ApiClient, name: str = "", kubeconfig: str | None = None):
+        self.api = api
+        self.name = name
+        self.kubeconfig = kubeconfig
+        self.core = k8s.CoreV1Api(api)
+        self.apps = k8s.AppsV1Api(api)
+        self.batch = k8s.BatchV1Api(api)
+        self.scheduling = k8s.SchedulingV1Api(api)
+        self.auth = k8s.AuthorizationV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.resource = k8s.ResourceV1Api(api)
+
+    @property
+    def server(self) -> str:
+        return self.api.configuration.host
+
+    # ---------------------------------------------------------------- reachability
+
+    def check_reachable(self, timeout: float = 10.0) -> str:
+        try:
+            info = k8s.VersionApi(self.api).get_code(_request_timeout=timeout)
+        except ApiException as exc:
+            if exc.status in (401, 403):
+                raise ClusterError(f"cluster {self.name} at {self.server} refused our credentials "
+                                   f"(HTTP {exc.status}); check the kubeconfig user") from None
+            raise ClusterError(f"cluster {self.name} at {self.server} answered HTTP {exc.status}: {exc.reason}") \
+                from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ClusterError(f"cannot reach cluster {self.name} at {self.server}: {_root_cause(exc)}. "
+                               "Is it running, and is this the right kubeconfig/context?") from None
+        return info.git_version
+
+    def version(self) -> str:
+        return k8s.VersionApi(self.api).get_code().git_version
+
+    # ---------------------------------------------------------------- nodes
+
+    def nodes(self) -> list[k8s.V1Node]:
+        return self.core.list_node().items
+
+    def node_dicts(self) -> list[dict]:
+        """Nodes as plain API JSON: 10x faster than model objects on large clusters."""
+        import json
+
+        resp = self.core.list_node(_preload_content=False)
+        return json.loads(resp.data)["items"]
+
+    def dra_objects(self, plural: str) -> list[dict] | None:
+        """All ``resource.k8s.io/v1`` objects of a cluster-scoped kind (resourceslices, deviceclasses) as API
+        JSON; None when the cluster does not serve that API (before Kubernetes 1.34) or we may not list it."""
+        try:
+            return self.custom.list_cluster_custom_object("resource.k8s.io", "v1", plural)["items"]
+        except ApiException as exc:
+            if exc.status in (403, 404):
+                return None
+            raise _api_error(exc, f"list {plural}") from None
+
+    def wait_nodes_ready(self, names: list[str], timeout: float = 120.0) -> None:
+        wanted = set(names)
+
+        def ready(cache: dict) -> bool:
+            return wanted <= {n for n, obj in cache.items() if _node_ready(obj)}
+
+        def describe(cache: dict) -> str:
+            not_ready = sorted(wanted - {n for n, o in cache.items() if _node_ready(o)})
+            return f"{len(not_ready)} not Ready yet, e.g. {', '.join(not_ready[:5])}"
+
+        watch_until(self.core.list_node, ready, timeout, f"{len(wanted)} nodes to become Ready",
+                    describe=describe)
+
+    # ---------------------------------------------------------------- runs
+
+    def leftover_runs(self) -> dict[str, dict[str, list[str]]]:
+        """Objects of any gpuproof run still in the cluster, by run id."""
+        selector = f"{MANAGED_BY}={OWNER},{RUN_LABEL}"
+        found: dict[str, dict[str, list[str]]] = {}
+        for ns in self.core.list_namespace(label_selector=selector).items:
+            found.setdefault(ns.metadata.labels[RUN_LABEL], {}).setdefault("namespaces", []).append(ns.metadata.name)
+        for pc in self.scheduling.list_priority_class(label_selector=selector).items:
+            found.setdefault(pc.metadata.labels[RUN_LABEL], {}).setdefault("priorityclasses", []) \
+                .append(pc.metadata.name)
+        return found
+
+    def clean(self, run_ids: Iterable[str] | None = None, wait: bool = True, timeout: float = 120.0,
+              progress: Callable[[str], None] | None = None) -> list[str]:
+        """Delete what earlier runs left behind (all of them, or the given run ids)."""
+        leftovers = self.leftover_runs()
+        targets = [r for r in leftovers if run_ids is None or r in set(run_ids)]
+        for rid in targets:
+            Run(self, rid).cleanup(wait=wait, timeout=timeout, progress=progress)
+        return targets
+
+
+class Run:
+    """One run's namespace and labelled objects."""
+
+    workload_image = None     # the image the cluster lends workload pods (gpuproof.bench.workloads.Image), if any
+
+    def __init__(self, cluster: Cluster, run_id: str):
+        self.cluster = cluster
+        self.run_id = run_id
+        self.namespace = NAMESPACE_PREFIX + run_id
+        self.labels = run_labels(run_id)
+        self._cleaned = False
+
+    @property
+    def selector(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.labels.items())
+
+    def create(self, progress: Callable[[str], None] | None = None, timeout: float = 60.0) -> None:
+        self._make_namespace(self.namespace, timeout)
+        if progress:
+            progress(f"run namespace {self.namespace}")
+
+    def create_namespace(self, suffix: str, timeout: float = 60.0) -> str:
+        """One more namespace for this run (for checks that must not affect the rest, e.g. quotas)."""
+        name = f"{self.namespace}-{suffix}"[:63].rstrip("-")
+        self._make_namespace(name, timeout)
+        return name
+
+    def _make_namespace(self, name: str, timeout: float) -> None:
+        ns = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name, labels=dict(self.labels)))
+        try:
+            self.cluster.core.create_namespace(ns)
+        except ApiException as exc:
+            raise _api_error(exc, f"create the run namespace {name}") from None
+        # pods cannot be created before the service-account controller made the default account
+        watch_until(self.cluster.core.list_namespaced_service_account, lambda c: "default" in c, timeout,
+                    f"the default ServiceAccount in namespace {name}", namespace=name)
+
+    # ---------------------------------------------------------------- objects
+
+    def stamp(self, manifest: dict, namespace: str | None = None) -> dict:
+        """The manifest with the run's labels added to it (and to its pod template), in a run namespace."""
+        m = dict(manifest)
+        meta = dict(m.get("metadata") or {})
+        meta["labels"] = {**(meta.get("labels") or {}), **self.labels}
+        if m.get("kind") not in CLUSTER_SCOPED:
+            meta["namespace"] = namespace or self.namespace
+        m["metadata"] = meta
+        tmpl = (m.get("spec") or {}).get("template")
+        if isinstance(tmpl, dict):
+            spec = dict(m["spec"])
+            tmeta = dict(tmpl.get("metadata") or {})
+            tmeta["labels"] = {**(tmeta.get("labels") or {}), **self.labels}
+            spec["template"] = {**tmpl, "metadata": tmeta}
+            m["spec"] = spec
+        return m
+
+    def apply(self, manifest: dict, namespace: str | None = None) -> Any:
+        """Create one object (stamped with the run's labels). Returns the created object."""
+        m = self.stamp(manifest, namespace)
+        try:
+            created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
+        except k8s_utils.FailToCreateError as exc:
+            raise _api_error(exc.api_exceptions[0], f"create {m['kind']} {m['metadata'].get('name')}") from None
+        return created[0] if isinstance(created, list) and len(created) == 1 else created
+
+    def try_apply(self, manifest: dict, namespace: str | None = None) -> tuple[Any, ApiException | None]:
+        """Like apply, but an API refusal (quota, validation) is returned instead of raised."""
+        m = self.stamp(manifest, namespace)
+        try:
+            created = k8s_utils.create_from_dict(self.cluster.api, m, namespace=m["metadata"].get("namespace"))
+            return created[0], None
+        except k8s_utils.FailToCreateError as exc:
+            return None, exc.api_exceptions[0]
+
+    def pods(self) -> list[k8s.V1Pod]:
+        return self.cluster.core.list_namespaced_pod(self.namespace).items
+
+    def pod(self, name: str) -> k8s.V1Pod:
+        return self.cluster.core.read_namespaced_pod(name, self.namespace)
+
+    def pod_logs(self, name: str, container: str | None = None) -> str:
+        # the raw bytes: kubernetes 36's deserialized answer is the repr of bytes ("b'...\\n...'"), one line
+        resp = self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container,
+                                                         _preload_content=False)
+        return resp.data.decode("utf-8", "replace")
+
+    def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
+                  describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:
+        """Watch the run's pods until done(cache) returns something truthy; returns it. A pod whose node's
+        kubelet stays silent (:data:`KUBELET_SILENCE`), or says it can never start it (:data:`NEVER_STARTS`),
+        ends the wait early with :class:`WaitTimeout`."""
+        bound_since: dict[str, float] = {}
+
+        def done_or_silent(cache: dict) -> Any:
+            result = done(cache)
+            if not result:
+                _raise_if_kubelet_silent(cache, bound_since, self.namespace, what)
+                _raise_if_never_starts(cache, self.namespace, what)
+            return result
+
+        return watch_until(self.cluster.core.list_namespaced_pod, done_or_silent, timeout, what,
+                           describe=describe or _describe_pods, tick=KUBELET_SILENCE / 4, namespace=self.namespace,
+                           label_selector=label_selector)
+
+    def wait_pod(self, name: str, condition: Callable[[k8s.V1Pod], bool], timeout: float, what: str) -> k8s.V1Pod:
+        return self.wait_pods(lambda c: c[name] if name in c and condition(c[name]) else None, timeout,
+                              f"pod {self.namespace}/{name} {what}",
+                              describe=lambda c: _describe_pod(c.get(name)))
+
+    def wait_running(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
+        return self.wait_pod(name, lambda p: p.status.phase == "Running", timeout, "to be Running")
+
+    def wait_pod_done(self, name: str, timeout: float = 600.0) -> k8s.V1Pod:
+        return self.wait_pod(name, lambda p: p.status.phase in ("Succeeded", "Failed"), timeout,
+                             "to finish (Succeeded or Failed)")
+
+    def wait_event(self, name: str, reason: str, timeout: float = 60.0) -> k8s.CoreV1Event:
+        return watch_until(
+            self.cluster.core.list_namespaced_event,
+            lambda c: next((e for e in c.values() if e.reason == reason), None), timeout,
+            f"a {reason} event for {self.namespace}/{name}",
+            describe=lambda c: ", ".join(sorted({e.reason for e in c.values()})) or "no events",
+            namespace=self.namespace, field_selector=f"involvedObject.name={name}")
+
+    def cleanup(self, wait: bool = True, timeout: float = 120.0,
+                progress: Callable[[str], None] | None = None) -> None:
+        """Delete the run's namespaces and cluster-scoped objects (found by the run label). Idempotent."""
+        core, sched = self.cluster.core, self.cluster.scheduling
+        for pc in sched.list_priority_class(label_selector=self.selector).items:
+            with contextlib.suppress(ApiException):
+                sched.delete_priority_class(pc.metadata.name)
+        names = [ns.metadata.name for ns in core.list_namespace(label_selector=self.selector).items
+                 if (ns.metadata.labels or {}).get(RUN_LABEL) == self.run_id]
+        for name in names:
+            if progress:
+                progress(f"deleting run namespace {name}")
+            with contextlib.suppress(ApiException):
+                core.delete_namespace(name, propagation_policy="Background")
+        if wait and names:
+            watch_until(core.list_namespace, lambda c: not (set(names) & set(c)) or None, timeout,
+                        f"namespaces {', '.join(names)} to be deleted",
+                        describe=lambda c: "; ".join(f"{n}: {_describe_ns(c.get(n))}" for n in names if n in c),
+                        label_selector=self.selector)
+        self._cleaned = True
+
+
+CLUSTER_SCOPED = {"Namespace", "PriorityClass", "Node", "ClusterRole", "ClusterRoleBinding",
+                  "RuntimeClass", "StorageClass"}
+
+
+# -------------------------------------------------------------------- watch helper
+
+
+def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, what: str,
+                describe: Callable[[dict], str] | None = None, tick: float | None = None, **list_kwargs) -> Any:
+    """List, then watch, keeping a name -> object cache, until done(cache) is truthy.
+
+    ``list_fn`` returns model objects (CoreV1Api) or API JSON (CustomObjectsApi: the cache then holds dicts).
+    Returns done's value. Raises WaitTimeout naming ``what`` and the last state. ``tick``: ask done() again
+    at least this often, events or not (for conditions that time itself makes true).
+    """
+    deadline = time.monotonic() + timeout
+    cache: dict[str, Any] = {}
+
+    def relist() -> str:
+        cache.clear()
+        resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout)))
+        if isinstance(resp, dict):
+            for item in resp.get("items") or []:
+                cache[item["metadata"]["name"]] = item
+            return resp["metadata"]["resourceVersion"]
+        for item in resp.items:
+            cache[item.metadata.name] = item
+        return resp.metadata.resource_version
+
+    rv = relist()
+    while True:
+        result = done(cache)
+        if result:
+            return result
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            state = describe(cache) if describe else f"{len(cache)} objects seen"
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state})")
+        w = watch.Watch()
+        try:
+            window = min(remaining, tick) if tick else remaining
+            for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(window + 0.999)),
+                               _request_timeout=remaining + 10, allow_watch_bookmarks=True, **list_kwargs):
+                obj = ev["object"]
+                if ev["type"] == "ERROR":
+                    raise ApiException(status=getattr(obj, "code", 500) if not isinstance(obj, dict)
+                                       else obj.get("code", 500))
+                if ev["type"] == "BOOKMARK":          # the client leaves bookmarks as plain dicts
+                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv) if isinstance(obj, dict) \
+                        else obj.metadata.resource_version
+                    continue
+                meta = obj["metadata"] if isinstance(obj, dict) else None
+                rv = meta["resourceVersion"] if meta else obj.metadata.resource_version
+                name = meta["name"] if meta else obj.metadata.name
+                if ev["type"] == "DELETED":
+                    cache.pop(name, None)
+                else:
+                    cache[name] = obj
+                result = done(cache)
+                if result:
+                    w.stop()
+                    return result
+                if time.monotonic() > deadline:
+                    break
+        except ApiException as exc:
+            if exc.status == 410:          # our resourceVersion is too old: start over from a fresh list
+                rv = relist()
+                continue
+            raise
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+            rv = relist()
+        finally:
+            w.stop()
+
+
+# -------------------------------------------------------------------- helpers
+
+
+# taints the node lifecycle controller puts on a node until it has seen it Ready (and takes off after)
+_NOT_READY_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def _node_ready(node) -> bool:
+    """Ready, and the controller has taken its not-ready taint off: pods can land there now."""
+    if any(t.key in _NOT_READY_TAINTS for t in (node.spec.taints or [] if node.spec else [])):
+        return False
+    for cond in (node.status.conditions or []) if node.status else []:
+        if cond.type == "Ready":
+            return cond.status == "True"
+    return False
+
+
+def _raise_if_kubelet_silent(cache: dict, bound_since: dict[str, float], namespace: str, what: str) -> None:
+    """WaitTimeout when a pod has been bound to a node for KUBELET_SILENCE s with no status from its kubelet
+    (no container status, no condition but PodScheduled): its kubelet is gone, or it was never there."""
+    now = time.monotonic()
+    for name, pod in cache.items():
+        status = pod.status
+        heard = status.phase != "Pending" or status.container_statuses or any(
+            c.type != "PodScheduled" for c in status.conditions or [])
+        if not pod.spec.node_name or heard:
+            bound_since.pop(name, None)
+            continue
+        since = bound_since.setdefault(name, now)
+        if now - since >= KUBELET_SILENCE:
+            raise WaitTimeout(f"pod {namespace}/{name} is bound to node {pod.spec.node_name}, whose kubelet has not "
+                              f"taken it up in {now - since:.0f}s (no status from the kubelet: is it running?); "
+                              f"gave up waiting for {what}")
+
+
+def _raise_if_never_starts(cache: dict, namespace: str, what: str) -> None:
+    """WaitTimeout when the kubelet keeps a pod's container waiting for a reason of :data:`NEVER_STARTS`."""
+    for name, pod in cache.items():
+        if pod.metadata.deletion_timestamp:          # on its way out: nobody waits for it
+            continue
+        for c in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+            waiting = c.state.waiting if c.state else None
+            if waiting and waiting.reason in NEVER_STARTS:
+                raise WaitTimeout(f"pod {namespace}/{name} can never start on node {pod.spec.node_name}: container "
+                                  f"{c.name}: {waiting.reason}: {waiting.message}; gave up waiting for {what}")
+
+
+def _describe_pod(pod) -> str:
+    if pod is None:
+        return "pod not found"
+    msg = f"phase {pod.status.phase}, node {pod.spec.node_name or '(none)'}"
+    for cond in pod.status.conditions or []:
+        if cond.status != "True" and cond.message:
+            msg += f"; {cond.type}: {cond.message}"
+    if pod.status.reason:
+        msg += f"; reason {pod.status.reason}: {pod.status.message}"
+    return msg
+
+
+def _describe_pods(cache: dict) -> str:
+    phases: dict[str, int] = {}
+    for p in cache.values():
+        phases[p.status.phase] = phases.get(p.status.phase, 0) + 1
+    return ", ".join(f"{n} {ph}" for ph, n in sorted(phases.items())) or "no pods"
+
+
+def _describe_ns(ns) -> str:
+    if ns is None:
+        return "gone"
+    conds = [f"{c.type}: {c.message}" for c in (ns.status.conditions or []) if c.status == "True"]
+    return f"phase {ns.status.phase}" + (f"; {'; '.join(conds)}" if conds else "")
+
+
+def _root_cause(exc: BaseException) -> str:
+    seen = exc
+    while getattr(seen, "reason", None) is not None and isinstance(seen.reason, BaseException):
+        seen = seen.reason
+    return str(seen)
+
+
+def _api_error(exc: ApiException, doing: str) -> ClusterError:
+    body = exc.body
+    with contextlib.suppress(Exception):
+        import json
+
+        body = json.loads(exc.body).get("message", exc.body)
+    if exc.status == 403:
+        return ClusterError(f"not allowed to {doing}: {body}. The kubeconfig's user needs that permission.")
+    return ClusterError(f"could not {doing}: HTTP {exc.status}: {body}")

@@ -1,0 +1,128 @@
+"""What the bench suites (suites/test_bench_*.py) share.
+
+A benchmark runs once per GPU product of a real cluster, on the first node of that product,
+in a pod of the stock PyTorch image; records carry that node and product. On the embedded
+cluster the benchmarks run on its kubelet nodes (``backend: kubelet``), in the image those nodes
+lend (the host's Python over NVIDIA's mock NVML, computing on the CPU), and skip its kwok nodes
+(pods never execute there), saying so; ``gpuproof bench --local`` runs them on this host.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import GpuproofError
+from ..bench import get
+
+IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
+MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at most this many nodes (default 4)
+LOADGEN_IMAGE_ENV = "GPUPROOF_LOADGEN_IMAGE"
+
+
+def image(run=None):
+    """The workload pods' image: the one the cluster lends (the embedded cluster's kubelet nodes: the host's
+    Python and venv over NVIDIA's mock NVML), else ``$GPUPROOF_IMAGE``, else the stock PyTorch image."""
+    from ..images import DEFAULT_IMAGE
+
+    return getattr(run, "workload_image", None) or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def device(run=None) -> str:
+    """What the workloads compute on: CUDA, or the CPU where the cluster's image says its GPUs are NVIDIA's mock
+    (the embedded cluster's kubelet nodes: every NVML reading is real mock data, the arithmetic runs on the CPU)."""
+    return getattr(getattr(run, "workload_image", None), "device", "cuda")
+
+
+def multinode_count(nodes: list) -> int:
+    return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
+
+
+def loadgen_image(run=None):
+    """The load generator's image: the cluster's workload image where it lends one (it has locust), else
+    ``$GPUPROOF_LOADGEN_IMAGE``, else locust's own."""
+    from ..images import DEFAULT_LOADGEN_IMAGE
+
+    return getattr(run, "workload_image", None) or os.environ.get(LOADGEN_IMAGE_ENV) or DEFAULT_LOADGEN_IMAGE
+
+
+def is_simulated(target, discovery=None) -> bool:
+    if getattr(target, "is_embedded", False):
+        return True
+    return bool(discovery is not None and getattr(discovery, "simulated", False))
+
+
+def require_real_gpus(target, discovery, gpu_products: dict) -> None:
+    """Skip a benchmark where no node of the cluster runs GPU code (``gpu_products`` holds only nodes that do:
+    on the embedded cluster its kubelet nodes, never its kwok nodes), saying why."""
+    import pytest
+
+    from .target import REAL_GPU_REASON
+
+    if gpu_products:
+        return
+    if is_simulated(target, discovery) and all(n.simulated for n in getattr(discovery, "gpu_nodes", [])):
+        pytest.skip(f"{REAL_GPU_REASON}; `gpuproof bench --local` runs the benchmarks on this host")
+    pytest.skip("no GPU products found in the cluster")
+
+
+def node_gpus(discovery, node_name: str, all_gpus: bool = False) -> tuple[str, int]:
+    """(resource, count) a benchmark pod asks for on a node.
+
+    Whole GPUs: ``nvidia.com/gpu`` x 1, or every allocatable one with ``all_gpus``.
+    Time-sliced or renamed shared GPUs: one replica (more may be refused at admission).
+    MIG mixed strategy: one instance of the largest profile the node advertises.
+    """
+    from ..bench.workloads import GPU_RESOURCE
+
+    try:
+        node = discovery.node(node_name)
+    except Exception:
+        return GPU_RESOURCE, 1
+    res = node.gpu_resource
+    count = node.allocatable_of(res) or 0
+    if count == 0 and node.mig_resources:
+        profile = max(node.mig_resources, key=lambda p: (int(p.split("g.")[0]), p))
+        return f"nvidia.com/mig-{profile}", 1
+    if not all_gpus or res != GPU_RESOURCE or node.time_sliced:
+        return res, 1
+    return res, max(1, count)
+
+
+def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]], discovery=None,
+                    params: dict | None = None, all_gpus: bool = False,
+                    timeout: float | None = None) -> dict[str, Any]:
+    """Run benchmark ``name`` once per GPU product; returns product -> result or error text."""
+    bench = get(name)
+    out: dict[str, Any] = {}
+    for product, nodes in sorted(gpu_products.items()):
+        if not nodes:
+            continue
+        node = sorted(nodes)[0]
+        resource, gpus = node_gpus(discovery, node, all_gpus)
+        p = bench.params(params or {}, device=device(run))
+        extra = {"loadgen_image": loadgen_image(run)} if name == "inference" else {}
+        try:
+            result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
+                                          image=image(run), timeout=timeout, **extra)
+        except GpuproofError as exc:
+            out[product] = f"{node}: {exc}"
+            continue
+        result.pop("samples", None)
+        records = bench.to_records(result, node=node, product=product)
+        for r in records:
+            r.parameters.setdefault("run_mode", "cluster")
+        run_dir.add_metrics(records)
+        out[product] = result
+    return out
+
+
+def failures(results: dict[str, Any]) -> list[str]:
+    """Products whose run failed (error text) or whose result says not ok."""
+    bad = []
+    for product, r in results.items():
+        if isinstance(r, str):
+            bad.append(f"{product}: {r}")
+        elif not r.get("ok", False):
+            bad.append(f"{product}: result not ok: {r.get('error') or r.get('problems') or r.get('verdict')}")
+    return bad

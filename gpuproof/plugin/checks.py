@@ -1,0 +1,300 @@
+"""Building blocks for the scheduling suites: pod manifests, pinning, free GPUs, scratch pods."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from ..discovery.nodes import GpuNode
+from ..images import PAUSE_IMAGE
+
+TOLERATE_ALL = [{"operator": "Exists"}]
+
+
+def tolerations_for(node: GpuNode) -> list[dict]:
+    """Tolerate exactly the node's own taints (so only the thing under test decides placement)."""
+    seen, out = set(), []
+    for t in node.taints:
+        if t["key"] not in seen:
+            seen.add(t["key"])
+            out.append({"key": t["key"], "operator": "Exists"})
+    return out
+
+
+def pin_to(node_name: str) -> dict:
+    """Required node affinity on the hostname: the scheduler still decides (unlike spec.nodeName)."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}
+
+
+def pod(name: str, limits: dict | None = None, *, node: str | None = None, tolerations: list | None = None,
+        priority_class: str | None = None, node_selector: dict | None = None, affinity: dict | None = None,
+        labels: dict | None = None, image: str = PAUSE_IMAGE, command: list | None = None,
+        restart_policy: str = "Never") -> dict:
+    container: dict[str, Any] = {"name": "main", "image": image,
+                                 "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}
+    if limits:
+        container["resources"]["limits"] = {k: str(v) for k, v in limits.items()}
+    if command:
+        container["command"] = command
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart_policy,
+                            "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False}
+    if tolerations:
+        spec["tolerations"] = tolerations
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if node:
+        affinity = {**(affinity or {}), **pin_to(node)}
+    if affinity:
+        spec["affinity"] = affinity
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def one_device(node: GpuNode) -> dict[str, int]:
+    """Limits for a pod that takes one schedulable device of this node (GPU, shared GPU or MIG slice)."""
+    if node.mig_strategy == "mixed" and node.mig_resources:
+        profile = max(node.mig_resources, key=lambda p: node.mig_resources[p])
+        return {f"nvidia.com/mig-{profile}": 1}
+    return {node.gpu_resource: 1}
+
+
+def used_on(cluster, node_name: str, resource: str) -> int:
+    """How much of an extended resource the node's non-finished pods already hold."""
+    pods = cluster.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}").items
+    total = 0
+    for p in pods:
+        if p.status.phase in ("Succeeded", "Failed"):
+            continue
+        for c in p.spec.containers:
+            lim = (c.resources.limits or {}) if c.resources else {}
+            req = (c.resources.requests or {}) if c.resources else {}
+            total += int(lim.get(resource) or req.get(resource) or 0)
+    return total
+
+
+def free_on(cluster, node: GpuNode, resource: str) -> int:
+    return max(0, (node.allocatable_of(resource) or 0) - used_on(cluster, node.name, resource))
+
+
+def keep_off(manifest: dict, nodes: list[str]) -> dict:
+    """Add ``metadata.name NotIn nodes`` to every required node-affinity term of a pod manifest.
+
+    The suites tolerate every taint, so without this a pod could be bound to a dead node
+    (its not-ready taint tolerated too) and wait there for a kubelet that never comes.
+    """
+    if not nodes:
+        return manifest
+    affinity = manifest["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", []) or [{}]
+    for term in terms:
+        term.setdefault("matchFields", []).append({"key": "metadata.name", "operator": "NotIn", "values": nodes})
+    required["nodeSelectorTerms"] = terms
+    return manifest
+
+
+class Scratch:
+    """Pods one test creates; deleted (and waited for) when the test ends so capacity is free again.
+
+    Every pod is kept off ``avoid`` (GPU nodes unfit for placement: not Ready, cordoned, lifecycle taint).
+    """
+
+    def __init__(self, run, timeout: float = 120.0, avoid: list[str] | None = None):
+        self.run = run
+        self.names: list[str] = []
+        self.claims: list[tuple[str, str]] = []     # (kind, name) of ResourceClaims and templates made here
+        self.uses_claims = False                    # some object here made or used a claim: wait for them at close
+        self.timeout = timeout
+        self.avoid = sorted(avoid or [])
+
+    def create(self, manifest: dict):
+        if manifest.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
+            obj = self.run.apply(manifest)
+            self.claims.append((manifest["kind"], manifest["metadata"]["name"]))
+            self.uses_claims = True
+            return obj
+        obj = self.run.apply(keep_off(manifest, self.avoid))
+        self.names.append(manifest["metadata"]["name"])
+        self.uses_claims |= bool(manifest["spec"].get("resourceClaims"))
+        return obj
+
+    def delete_pod(self, name: str) -> None:
+        """Delete one of the test's pods now and wait until it is gone (its claims then free their devices)."""
+        self._delete_pods([name])
+
+    def try_create(self, manifest: dict) -> ApiException | None:
+        obj, err = self.run.try_apply(keep_off(manifest, self.avoid))
+        if err is None:
+            self.names.append(manifest["metadata"]["name"])
+        return err
+
+    def close(self) -> None:
+        if self.names:
+            self._delete_pods(self.names)
+            self.names.clear()
+        if self.uses_claims:
+            self._delete_claims()
+
+    def _delete_claims(self) -> None:
+        """Delete the test's claims and templates; wait until no claim is left in the run namespace, so the
+        next test finds every device free (claims from templates go with their pods)."""
+        run, res = self.run, self.run.cluster.resource
+        for kind, name in self.claims:
+            with contextlib.suppress(ApiException):
+                if kind == "ResourceClaim":
+                    res.delete_namespaced_resource_claim(name, run.namespace)
+                else:
+                    res.delete_namespaced_resource_claim_template(name, run.namespace)
+        self.claims.clear()
+        self.uses_claims = False
+        from ..cluster.api import watch_until
+
+        # the client's ResourceV1Api cannot decode watch events (it asks for a V1ResourceClaim model it lacks)
+        watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not c, self.timeout,
+                    f"the test's ResourceClaims in {run.namespace} to be deallocated and deleted",
+                    describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}",
+                    group="resource.k8s.io", version="v1", namespace=run.namespace, plural="resourceclaims")
+
+    def _delete_pods(self, names: list[str]) -> None:
+        # pods with claims end gracefully (1 s): forced away, a pod's claim is freed for the scheduler before its
+        # kubelet has unprepared it, and the next pod given that device waits for the kubelet's next sync (~1 min)
+        grace = 1 if self.uses_claims else 0
+        for name in names:
+            with contextlib.suppress(ApiException):
+                self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=grace)
+        gone = set(names)
+        what = f"pod {names[0]} to be deleted" if len(gone) == 1 else f"the test's {len(gone)} pods to be deleted"
+        self.run.wait_pods(lambda c: not (gone & set(c)) or None, self.timeout, what)
+
+
+def pod_outcome(pod) -> str:
+    """'running on X', 'unschedulable: ...', 'failed: reason', or the phase."""
+    if pod.status.phase == "Running":
+        return f"running on {pod.spec.node_name}"
+    if pod.status.phase == "Failed":
+        return f"failed: {pod.status.reason}: {pod.status.message}"
+    for cond in pod.status.conditions or []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            return f"unschedulable: {cond.message}"
+    return f"{pod.status.phase} on {pod.spec.node_name or '(no node)'}"
+
+
+def settled(pod) -> bool:
+    """Running, finished, or refused by the scheduler: the scheduler has made up its mind."""
+    return pod.status.phase in ("Running", "Succeeded", "Failed") or pod_outcome(pod).startswith("unschedulable")
+
+
+def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe"
+             ) -> list[dict]:
+    """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results."""
+    from ..bench import workloads
+    from .bench import image
+
+    cm = workloads.configmap(labels=run.labels, namespace=run.namespace)
+    obj, err = run.try_apply(cm)
+    if err is not None and err.status != 409:          # 409: shipped already in this run
+        raise err
+    names = [f"{prefix}-{node.name}-{i}"[:63] for i in range(count)]
+    (resource, amount), = limits.items()
+    for name in names:
+        run.apply(workloads.workload_pod(name, "probe.py", args, labels=run.labels, namespace=run.namespace,
+                                         gpus=amount, resource=resource, node=node.name, image=image(run)))
+    run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
+                  target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
+    return [workloads.parse_result(run.pod_logs(n), what=f"probe pod {n}") for n in names]
+
+
+def normalize_uuid(uuid, kind: str = "GPU") -> str:
+    """'GPU-<hex>' / 'MIG-<hex>' as NVML writes them; torch's bare '<hex>' gets ``kind``'s prefix."""
+    from ..bench.workloads import import_workload
+
+    return import_workload("probe").normalize_uuid(uuid, kind)
+
+
+def nvml_device_ids(result: dict) -> list[str]:
+    """The devices a probe pod can use, as NVML UUIDs: 'GPU-...' per GPU, 'MIG-...' per MIG device.
+
+    From the probe's ``nvml_uuids`` (or its NVML inventory). Never NVIDIA_VISIBLE_DEVICES:
+    on a real host it held an index ('0'), and with the CDI strategy it holds nothing.
+    """
+    if "nvml_uuids" in result:
+        ids = result.get("nvml_uuids") or []
+    else:
+        ids = []
+        for dev in (result.get("nvml") or {}).get("devices") or []:
+            if dev.get("mig_mode"):
+                ids += [normalize_uuid(m.get("uuid"), "MIG") for m in dev.get("mig_devices") or []]
+            else:
+                ids.append(normalize_uuid(dev.get("uuid"), "GPU"))
+    return [u for u in (normalize_uuid(i) for i in ids) if u]
+
+
+def _pod(result: dict, i: int) -> str:
+    return result.get("host") or f"pod {i}"
+
+
+def _no_devices(results: list[dict]) -> list[str]:
+    """'<pod>: reason' for each probe result that reports no NVML device."""
+    out = []
+    for i, r in enumerate(results):
+        if not nvml_device_ids(r):
+            nvml = r.get("nvml") or {}
+            why = nvml.get("reason") if nvml.get("available") is False else "NVML lists no GPU or MIG device"
+            out.append(f"{_pod(r, i)}: {why}")
+    return out
+
+
+def shared_gpu_check(results: list[dict]) -> tuple[bool, object, object, str]:
+    """Pods time-sharing one GPU: (ok, expected, actual, what) for 'every pod sees the same one GPU'."""
+    missing = _no_devices(results)
+    ids = sorted({u for r in results for u in nvml_device_ids(r)})
+    what = f"distinct GPUs (NVML UUIDs) seen by {len(results)} pods sharing one GPU ({', '.join(ids) or 'none'})"
+    if missing:
+        return False, "one GPU UUID seen by every pod", f"no NVML devices in {'; '.join(missing)}", \
+            f"{what}; pods reporting no NVML devices"
+    ok = len(ids) == 1 and all(len(nvml_device_ids(r)) == 1 for r in results)
+    return ok, 1, len(ids), what
+
+
+def mig_device_checks(results: list[dict]) -> dict[str, tuple[bool, object, object, str]]:
+    """MIG pods: {'one-mig-device-per-pod': ..., 'mig-devices-distinct': ...} as (ok, expected, actual, what)."""
+    n = len(results)
+    per_pod = [[u for u in nvml_device_ids(r) if u.startswith("MIG-")] for r in results]
+    missing = _no_devices(results)
+    what = f"MIG devices (NVML UUIDs) visible in each of {n} pods"
+    if missing:
+        one = (False, [1] * n, [len(p) for p in per_pod], f"{what}; no NVML devices in {'; '.join(missing)}")
+    else:
+        others = [f"{_pod(r, i)}: {[u for u in nvml_device_ids(r) if not u.startswith('MIG-')]}"
+                  for i, r in enumerate(results) if any(not u.startswith("MIG-") for u in nvml_device_ids(r))]
+        one = ([len(p) for p in per_pod] == [1] * n, [1] * n, [len(p) for p in per_pod],
+               what + (f"; whole GPUs visible too: {'; '.join(others)}" if others else ""))
+    flat = [u for p in per_pod for u in p]
+    dupes = sorted({u for u in flat if flat.count(u) > 1})
+    distinct = (bool(flat) and not dupes, len(flat) or "at least one", len(set(flat)),
+                f"distinct MIG devices across pods ({', '.join(flat) or 'none reported'})"
+                + (f"; seen by more than one pod: {', '.join(dupes)}" if dupes else ""))
+    return {"one-mig-device-per-pod": one, "mig-devices-distinct": distinct}
+
+
+class Pool:
+    def __init__(self, name: str, nodes: list):
+        self.name, self.nodes = name, nodes
+
+    def __repr__(self) -> str:
+        return f"Pool({self.name}, {len(self.nodes)} nodes)"
+
+
+def for_nodes(predicate):
+    """Decorator: parametrize ``gpu_node``/``gpu_pool`` only over nodes where predicate(node) holds.
+
+    The predicate's docstring says which nodes, and shows in the skip reason when none match.
+    """
+    def mark(fn):
+        fn.gpuproof_select = predicate
+        return fn
+    return mark

@@ -1,0 +1,150 @@
+"""gpuproof's pytest hooks: its options, the target at configure time, one test per GPU node or pool, check records."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from ..errors import GpuproofError
+from .providers import stop_session
+from .target import REAL_GPU_REASON, get_target, started_target
+from .checks import Pool
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Canonical names are --gpuproof-*; the short ones (--kubeconfig, --fleet, ...) stay as aliases. Each
+    # option's dest is its short name, so config.getoption("--kubeconfig") and ("--gpuproof-kubeconfig") agree.
+    g = parser.getgroup("gpuproof", "gpuproof target and run")
+    g.addoption("--gpuproof-kubeconfig", "--kubeconfig", dest="kubeconfig", default=None,
+                help="run against the cluster of this kubeconfig (default: a private embedded cluster)")
+    g.addoption("--gpuproof-context", "--context", dest="context", default=None,
+                help="kubeconfig context to use (implies a real cluster)")
+    g.addoption("--gpuproof-fleet", "--fleet", dest="fleet", default=None,
+                help="fleet file (or shipped fleet name) for the embedded cluster; default: mixed")
+    g.addoption("--gpuproof-sim-port", "--sim-port", dest="sim_port", default="auto",
+                help="base port of the embedded cluster (uses 6 ports from it); default: auto")
+    g.addoption("--gpuproof-report-dir", "--report-dir", dest="report_dir",
+                default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
+                help="folder that gets one sub-folder per run (default: reports)")
+    g.addoption("--gpuproof-run-id", "--run-id", dest="run_id", default=None,
+                help="run id (default: time-stamp + random suffix)")
+    g.addoption("--gpuproof-pool-label", "--pool-label", dest="pool_label", default=None,
+                help="node label that names node pools (default: the first of the common cloud labels)")
+    g.addoption("--gpuproof-strict-taints", "--strict-taints", dest="strict_taints", action="store_true",
+                help="fail (rather than warn) when a GPU node has no NoSchedule taint")
+    g.addoption("--gpuproof-shared-requests-refused", "--shared-requests-refused", dest="shared_requests_refused",
+                default=None, metavar="POOLS",
+                help="pools (comma-separated, or 'all') whose time-slicing has failRequestsGreaterThanOne; "
+                     "on the embedded cluster the fleet says so")
+    g.addoption("--gpuproof-timeout-scale", "--timeout-scale", dest="timeout_scale", type=float,
+                default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
+                help="multiply every wait's deadline (slow clusters)")
+    g.addoption("--gpuproof-lease-wait", "--lease-wait", dest="lease_wait", type=float, default=300.0,
+                metavar="SECONDS", help="how long to wait for another gpuproof run on the same cluster to finish "
+                                        "(its run lease); default 300")
+    g.addoption("--gpuproof-no-lease", "--no-lease", dest="no_lease", action="store_true",
+                help="run without taking the cluster's run lease (concurrent runs are then not kept apart)")
+
+
+@pytest.hookimpl(tryfirst=True)      # before pytest-kubernetes checks its options (providers.install)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "places_pods: the test places pods, so only GPU nodes that can take pods "
+                                       "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
+    config.addinivalue_line("markers", "device_plugin: the check is about the device plugin's extended resources, "
+                                       "so nodes that offer GPUs only through DRA are not offered to it")
+    from .providers import install
+
+    install(config, get_target(config))
+    # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
+    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def _term(signum, frame):
+            raise KeyboardInterrupt("SIGTERM")
+
+        signal.signal(signal.SIGTERM, _term)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    t = get_target(session.config)
+    outcome = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
+    t.close(outcome)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    t = started_target(config)
+    if t is not None:
+        t.close()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    t = get_target(config)
+    return [f"gpuproof: target {t.choice.describe()}; run {t.run_id}"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per discovered GPU node (``gpu_node``) or pool (``gpu_pool``), over the nodes the check is for.
+
+    Nodes a check leaves out (unfit for its pods, DRA-only for a device-plugin check, simulated for a
+    check that needs real GPUs) are recorded with the reason when the check runs (gpuproof.plugin.coverage).
+    """
+    from .coverage import note, split
+
+    wanted = [f for f in ("gpu_node", "gpu_pool", "gpu_product") if f in metafunc.fixturenames]
+    marked = metafunc.definition.get_closest_marker
+    places = marked("places_pods") is not None
+    # one test per node or pool places device-plugin pods (DRA claims are placed by the DRA suite's own tests)
+    kind = {"places_pods": places, "device_plugin": marked("device_plugin") is not None or (places and bool(wanted)),
+            "real_gpus": "needs_real_gpus" in metafunc.fixturenames}
+    if not wanted and not any(kind.values()):
+        return
+    t = get_target(metafunc.config)
+    try:
+        d = t.discovery()
+    except GpuproofError as exc:       # cannot start, unreachable, refused: stop before anything runs
+        stop_session(exc)
+    # a dead or cordoned node is reported by the nodes suite, not timed out on; a kwok node runs no GPU code
+    candidates, left_out = split(d.gpu_nodes, **kind)
+    note(metafunc, left_out)
+    select = getattr(metafunc.function, "gpuproof_select", None)
+    if kind["real_gpus"] and not candidates:
+        real = [f"{r['node']}: {r['reason']}" for r in left_out if not d.node(r["node"]).simulated]
+        none = f"no real GPU node can take pods ({'; '.join(real)})" if real else REAL_GPU_REASON
+    elif not d.gpu_nodes:
+        none = "no GPU nodes in the cluster"
+    else:   # nodes of its kind left out (a kwok MIG node for a real-GPU check) are named, with why
+        fit = [f"{r['node']}: {r['reason']}" for r in left_out if select is None or select(d.node(r["node"]))]
+        kind_doc = (getattr(select, "__doc__", "") or "filtered") + (f"; left out: {'; '.join(fit)}" if fit else "")
+        none = f"no GPU node of the kind this check is for ({kind_doc})"
+    if "gpu_node" in wanted:
+        nodes = [n for n in candidates if select is None or select(n)]
+        if nodes:
+            metafunc.parametrize("gpu_node", nodes, ids=[n.name for n in nodes])
+        else:
+            metafunc.parametrize("gpu_node", [pytest.param(None, marks=pytest.mark.skip(reason=none))], ids=["none"])
+    if "gpu_pool" in wanted:
+        pools: dict[str, list] = {}
+        for n in candidates:
+            pools.setdefault(n.pool, []).append(n)
+        pools = {name: nodes for name, nodes in pools.items() if select is None or any(select(n) for n in nodes)}
+        if pools:
+            metafunc.parametrize("gpu_pool", [Pool(k, v) for k, v in sorted(pools.items())], ids=sorted(pools))
+        else:
+            metafunc.parametrize("gpu_pool", [pytest.param(None, marks=pytest.mark.skip(reason=none))], ids=["none"])
+    if "gpu_product" in wanted:
+        products = sorted({n.product for n in candidates if n.product and (select is None or select(n))})
+        if products:
+            metafunc.parametrize("gpu_product", products, ids=products)
+        else:
+            metafunc.parametrize("gpu_product", [pytest.param(None, marks=pytest.mark.skip(
+                reason="no labelled GPU products in the cluster"))], ids=["none"])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test whose checks failed fails in its call phase, with every failed check listed."""
+    result = yield
+    checker = getattr(item, "_gpuproof_checker", None)
+    if checker is not None:
+        checker.finish()
+    return result

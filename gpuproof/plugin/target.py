@@ -1,0 +1,218 @@
+"""The cluster a pytest session runs against, and the session's run in it (one :class:`Target` per session).
+
+Target selection:
+- no ``--kubeconfig``/``--context``: a private embedded cluster is started for the
+  session (fleet from ``--fleet``, default ``mixed``) and stopped at the end;
+- ``--kubeconfig`` and/or ``--context``: that cluster, as it is. Nothing outside the
+  run's namespace and labelled objects is changed.
+
+The hooks (``gpuproof.plugin.hooks``) and fixtures (``gpuproof.plugin.fixtures``) reach it with :func:`get_target`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ..errors import GpuproofError
+from ..results import RunDir, new_run_id
+
+REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
+
+
+# ---------------------------------------------------------------------------- session state
+
+
+class Target:
+    """The cluster a session runs against, and this session's run in it."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        opt = config.getoption
+        from .providers import choose
+
+        # pytest-kubernetes's --k8s-provider/--k8s-kubeconfig, or gpuproof's --kubeconfig/--context (providers.py)
+        self.choice = choose(opt)
+        self.real = self.choice.real
+        self.run_id = opt("--run-id") or new_run_id()
+        self.scale = opt("--timeout-scale")
+        self.sim = None
+        self.fleet = None
+        self.cluster = None
+        self._run = None
+        self._run_dir = None
+        self._discovery = None
+        self.error: GpuproofError | None = None
+        self.lease = None
+        self._closed = False
+
+    def progress(self, msg: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None and not self.config.getoption("quiet", 0) > 1:
+            # progress comes during collection and tests too, where pytest captures output: step past it
+            capman = self.config.pluginmanager.get_plugin("capturemanager")
+            with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+                tr.write_line(f"[gpuproof] {msg}")
+
+    def timeout(self, seconds: float) -> float:
+        return seconds * self.scale
+
+    # -- lazily connect / start
+
+    def connect(self):
+        if self.cluster is not None or self.error is not None:
+            if self.error is not None:
+                raise self.error
+            return self.cluster
+        from ..cluster.api import connect
+
+        try:
+            if self.real:
+                kubeconfig, context = self.choice.open(self.progress)   # creates a throwaway (kind, ...) cluster
+                self.cluster = connect(kubeconfig, context)
+                from ..cluster.rbac import preflight, pytest_needs
+
+                # the RBAC rules of gpuproof/cluster/rbac.yaml this session needs, before the lease or anything else
+                preflight(self.cluster, pytest_needs(self.config))
+                if not self.config.getoption("--no-lease", False):
+                    from ..cluster.lease import RunLease
+
+                    self.lease = RunLease(self.cluster, self.run_id)
+                    self.lease.acquire(self.config.getoption("--lease-wait", 300.0), progress=self.progress)
+            else:
+                from ..sim.fleet_file import load_fleet
+                from ..sim.controlplane import SimCluster, find_free_base
+
+                self.fleet = load_fleet(self.choice.fleet or "mixed")
+                port = self.config.getoption("--sim-port")
+                base = find_free_base() if port == "auto" else int(port)
+                state = Path(tempfile.mkdtemp(prefix="gpuproof-sim-"))
+                self.sim = SimCluster(state, base_port=base, private=True)
+                self.progress(f"starting embedded cluster (fleet {self.fleet.name}, {self.fleet.node_count} nodes)")
+                kubeconfig = self.sim.up(self.fleet, progress=self.progress)
+                self.cluster = connect(str(kubeconfig))
+                self.cluster.name = "embedded"
+        except GpuproofError as exc:
+            self.error = exc
+            raise
+        return self.cluster
+
+    @property
+    def is_embedded(self) -> bool:
+        return not self.real
+
+    @property
+    def run(self):
+        if self._run is None:
+            cluster = self.connect()
+            from ..cluster.api import Run
+
+            run = Run(cluster, self.run_id)
+            if self.sim is not None:           # kubelet nodes lend the host's Python over NVIDIA's mock NVML
+                run.workload_image = self.sim.workload_image()
+            self._run = run          # set before create so a half-made run is still cleaned up
+            self.run_dir             # a run that touches the cluster always leaves its record
+            run.create(progress=self.progress, timeout=self.timeout(60))
+        return self._run
+
+    @property
+    def run_dir(self) -> RunDir:
+        if self._run_dir is None:
+            root = Path(self.config.getoption("--report-dir"))
+            target = self.choice.label()
+            cluster = "embedded" if not self.real else (self.choice.context or self.choice.cluster_name or "")
+            self._run_dir = RunDir.create(root, self.run_id, target=target, argv=sys.argv[1:], cluster=cluster,
+                                          fleet=(self.choice.fleet or "mixed") if not self.real else "")
+        return self._run_dir
+
+    def discovery(self, refresh: bool = False):
+        if self._discovery is None or refresh:
+            from ..discovery.nodes import discover
+
+            cluster = self.connect()
+            self._discovery = discover(cluster.node_dicts(), pool_label=self.config.getoption("--pool-label"),
+                                       slices=cluster.dra_objects("resourceslices"),
+                                       device_classes=cluster.dra_objects("deviceclasses"))
+        return self._discovery
+
+    def shared_requests_refused(self, node) -> bool | None:
+        """Whether the node's device plugin refuses shared requests > 1 (None: unknown)."""
+        if node.scheme == "gke" and node.time_sliced:
+            return True          # GKE's device plugin always refuses more than one shared GPU
+        if self.fleet is not None:    # the embedded cluster: the fleet wrote each pool's device-plugin config file
+            try:
+                ts = self.fleet.pool(node.name.rsplit("-", 1)[0]).time_slicing
+            except KeyError:
+                return None
+            return bool(ts and ts.fail_requests_greater_than_one)
+        opt = self.config.getoption("--shared-requests-refused")
+        if not opt:
+            return None
+        named = {p.strip() for p in opt.split(",")} - {"all"}
+        unknown = sorted(named - {n.pool for n in self.discovery().gpu_nodes})
+        if unknown and not getattr(self, "_told_unknown_pools", False):
+            self._told_unknown_pools = True          # a misspelt pool would silently mean "not refusing"
+            self.progress(f"--shared-requests-refused names no pool of this cluster: {', '.join(unknown)} "
+                          f"(its pools: {', '.join(sorted({n.pool for n in self.discovery().gpu_nodes}))})")
+        return opt == "all" or node.pool in named
+
+    def write_inventory(self) -> None:
+        if self.cluster is None or self._run_dir is None:
+            return
+        from ..discovery.inventory import snapshot
+
+        try:
+            inv = snapshot(self.cluster, pool_label=self.config.getoption("--pool-label"))
+            self._run_dir.write_inventory(inv)
+            self._run_dir.meta.cluster = self.cluster.name
+            self._run_dir.meta.kubernetes_version = inv["kubernetes_version"]
+            self._run_dir.write_meta()
+        except Exception as exc:  # the inventory is a record, never a reason to fail cleanup
+            self.progress(f"could not write the inventory: {exc}")
+
+    def close(self, outcome: str = "") -> None:
+        """Clean up everything the run created; stop a private embedded cluster. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._run is not None and not self._run._cleaned:
+            try:
+                self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)
+            except Exception as exc:
+                self.progress(f"cleanup of run {self.run_id} incomplete: {exc}. "
+                              f"Run `gpuproof clean` to remove what is left.")
+        if self.lease is not None:
+            self.lease.release()
+        if self._run_dir is not None:
+            self.write_inventory()
+            self._run_dir.finalize(outcome)
+        if self.sim is not None:
+            self.sim.down()
+            self.sim = None
+        self.choice.close(self.progress)     # deletes a throwaway cluster this session created
+
+
+_KEY = pytest.StashKey[Target]()
+
+
+def started_target(config: pytest.Config) -> Target | None:
+    """The session's target if one was made (None before pytest_configure, or when it failed)."""
+    return config.stash.get(_KEY, None)
+
+
+def get_target(config: pytest.Config) -> Target:
+    if _KEY not in config.stash:
+        config.stash[_KEY] = Target(config)
+    return config.stash[_KEY]
+
+
+# ---------------------------------------------------------------------------- parametrization
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
