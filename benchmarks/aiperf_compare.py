@@ -5,19 +5,25 @@ pinned to one core (``--server-cpus``), 6 layers x 768 (46M parameters, vocabula
 16 batch slots. Both clients are pinned to the other core(s) (``--client-cpus``). Every
 request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
 
-Each round, in this order (rounds alternate which client goes first):
+Each round, in this order (the server's speed drifts on a shared VM by more than the targets
+between runs minutes apart, so what is compared runs back to back):
 
 1. gpuproof's capacity search (``loadgen.py --rates 1:16``, TTFT SLO 2 s, TPOT SLO 1 s,
    20 s steps at least): its capacity, the rate it completed there, and what the server's
    own /metrics said at the first failing step (busy, forward share, batch slots used,
    waiting) and at the capacity (overhead per request);
-2. both clients at about 50% of the capacity that round's search found (constant arrivals,
-   ``--under-s`` seconds of sending): TTFT p50, TPOT p50, request latency p50, output
-   tokens per request and per second, and each client's CPU per completed request;
-3. both clients at about 120% of it (``--over-s`` seconds): request throughput, answered
-   requests / first request sent to last answer (AIPerf's definition; gpuproof's
-   ``served_rps``), and the server's own completion rate (its /metrics ``ok`` counter over
-   the saturated middle of the run).
+2. right after it, AIPerf at about 120% of that capacity (``--over-s`` seconds of sending),
+   then gpuproof's client at the same rate: request throughput, answered requests / first
+   request sent to last answer (AIPerf's definition; gpuproof's ``served_rps``), and the
+   server's own completion rate (its /metrics ``ok`` counter over the saturated middle of
+   the run). The capacity is held against the AIPerf run that follows it within seconds;
+3. both clients at about 50% of the capacity (constant arrivals), in ``--under-slices``
+   alternating slices each (ABAB, the first client alternating by round) of
+   ``--under-s`` / slices seconds of sending: TTFT p50, TPOT p50, request latency p50
+   (each client's figure is the mean of its slices' medians), output tokens per request
+   and per second, and each client's CPU per completed request (its slices' CPU over their
+   answered requests). Slices spread both clients over the same minutes, so a server that
+   speeds up or slows down meets both alike.
 
 A client's CPU is that of its whole process tree (AIPerf starts a dozen processes, gpuproof's
 loadgen one), read from /proc every 0.2 s by this script and interpolated at the first request
@@ -250,6 +256,8 @@ def main() -> int:
     p.add_argument("--over", type=float, default=1.2, help="the high load, x the round's capacity (default 1.2)")
     p.add_argument("--under-s", type=float, default=40.0, help="seconds of sending at the low load (default 40)")
     p.add_argument("--over-s", type=float, default=60.0, help="seconds of sending at the high load (default 60)")
+    p.add_argument("--under-slices", type=int, default=2,
+                   help="alternating slices per client at the low load (default 2: ABAB)")
     p.add_argument("--server-cpus", default="1", help="CPUs the server is pinned to (default 1; '' = none)")
     p.add_argument("--client-cpus", default="0", help="CPUs the clients are pinned to (default 0; '' = none)")
     p.add_argument("--server-nice", type=int, default=0,
@@ -289,17 +297,20 @@ def main() -> int:
                 base = found["capacity_rps"] or found["saturation_rps"]
                 rates = {"under": round(base * args.under, 2), "over": round(base * args.over, 2)}
                 print(json.dumps({"round": rnd, "rates": rates, "from": base}), flush=True)
+                # the capacity against the AIPerf run that follows the search at once; gpuproof's client next
+                runs = [("over", 0, "aiperf", args.over_s), ("over", 0, "gpuproof", args.over_s)]
                 order = ("gpuproof", "aiperf") if rnd % 2 == 0 else ("aiperf", "gpuproof")
-                for load, seconds in (("under", args.under_s), ("over", args.over_s)):
-                    for client in order:
-                        if client == "gpuproof":
-                            fig = gpuproof_fixed(url, rates[load], seconds)
-                        else:
-                            fig = aiperf_fixed(exe, tokenizer, url, rates[load], seconds, tmp)
-                        row = {"round": rnd, "part": load, "client": client, "rate": rates[load],
-                               "load_avg_1m": os.getloadavg()[0], **fig}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                runs += [("under", k, client, args.under_s / args.under_slices)
+                         for k in range(args.under_slices) for client in order]
+                for load, k, client, seconds in runs:
+                    if client == "gpuproof":
+                        fig = gpuproof_fixed(url, rates[load], seconds)
+                    else:
+                        fig = aiperf_fixed(exe, tokenizer, url, rates[load], seconds, tmp)
+                    row = {"round": rnd, "part": load, "slice": k, "client": client, "rate": rates[load],
+                           "load_avg_1m": os.getloadavg()[0], **fig}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
         finally:
             server.terminate()
             server.wait(timeout=60)
@@ -309,9 +320,27 @@ def main() -> int:
     return 0
 
 
+MEAN_OF_SLICES = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tokens_per_s", "mean_output_tokens",
+                  "served_rps", "server_rps", "rate")
+
+
 def pick(rows, rnd, part, client=None):
-    return next((r for r in rows if r["round"] == rnd and r["part"] == part
-                 and (client is None or r.get("client") == client)), {})
+    """One client's figures for a round's part; a part run in slices is folded into one row: the mean of
+    the slices' medians and rates, CPU per request = the slices' CPU over their answered requests."""
+    got = [r for r in rows if r["round"] == rnd and r["part"] == part
+           and (client is None or r.get("client") == client)]
+    if len(got) <= 1:
+        return got[0] if got else {}
+    out = dict(got[0])
+    for key in MEAN_OF_SLICES:
+        vals = [r.get(key) for r in got if r.get(key) is not None]
+        out[key] = statistics.fmean(vals) if vals else None
+    answered = sum((r.get("ok") if r.get("ok") is not None else r.get("requests")) or 0 for r in got)
+    cpu = sum(r.get("client_cpu_s") or 0.0 for r in got)
+    out["client_cpu_s"] = cpu
+    out["client_cpu_per_request_ms"] = cpu / answered * 1e3 if answered else None
+    out["slices"] = len(got)
+    return out
 
 
 def report(rows: list[dict]) -> None:
