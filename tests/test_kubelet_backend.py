@@ -149,7 +149,7 @@ def test_sigkilled_owner_leaves_nothing(tmp_path):
     script = tmp_path / "owner.py"
     script.write_text(
         "import json, sys, threading\n"
-        "from gpuproof.sim.fleet import parse_fleet\n"
+        "from gpuproof.sim.fleet_file import parse_fleet\n"
         "from gpuproof.sim import kubelet\n"
         "from gpuproof.sim.controlplane import SimCluster, find_free_base\n"
         f"sim = SimCluster({str(tmp_path / 's')!r}, base_port=find_free_base(), private=True)\n"

@@ -77,12 +77,12 @@ def discovery():
 
 
 def pytest_configure(config):
-    from gpuproof.pytest_plugin import get_target
+    from gpuproof.plugin.target import get_target
 
     get_target(config)._discovery = LAB          # what parametrization reads; no cluster is started
 """
 LAB_CHECKS = """
-from gpuproof.pytest_plugin import for_nodes
+from gpuproof.plugin.checks import for_nodes
 
 
 def test_each_node(gpu_node, needs_real_gpus):

@@ -17,7 +17,8 @@ its MIG devices instead. What it writes, read from the driver's source
 
 Its Helm chart installs DeviceClasses ``gpu.nvidia.com`` (type ``gpu``) and ``mig.nvidia.com``
 (type ``mig``). This module reads slices into :class:`Device` objects for discovery and the DRA
-suite, and builds the same objects for the embedded cluster's DRA pools.
+suite, and builds the claims the suite makes; the slices the embedded cluster publishes are
+:mod:`gpuproof.sim.slices`'s, the words both use :mod:`gpuproof.vocab`'s.
 """
 
 from __future__ import annotations
