@@ -12,7 +12,7 @@ import os
 import pytest
 
 from gpuproof.bench import get
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 
 pytestmark = pytest.mark.bench
 
@@ -23,17 +23,17 @@ ONE_RANK = "1 rank: no data moves between GPUs, so an all-reduce has no bandwidt
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="allreduce", all_gpus=True, note="products with 2 GPUs or more a node")
 def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, discovery):
-    suite.require_real_gpus(target, discovery, gpu_products)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
     multi, single = {}, []
     for product, nodes in sorted(gpu_products.items()):
-        if nodes and suite.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1] >= 2:
+        if nodes and bench_checks.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1] >= 2:
             multi[product] = nodes
         elif nodes:
             single.append(f"{product} ({sorted(nodes)[0]}: one GPU a pod can get)")
     if not multi:
         pytest.skip(f"{ONE_RANK}: {', '.join(single)}")
-    results = suite.run_per_product("allreduce", run, run_dir, multi, discovery, all_gpus=True)
-    bad = suite.failures(results)
+    results = bench_checks.run_per_product("allreduce", run, run_dir, multi, discovery, all_gpus=True)
+    bad = bench_checks.failures(results)
     assert not bad, "\n".join(bad)
 
 
@@ -43,9 +43,9 @@ def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, d
                       requests="all GPUs of each node", note="indexed: one pod on each of up to 4 nodes")
 @pytest.mark.creates("Service", "bench-ar-multi-<product>", "per product with 2+ nodes", note="headless")
 def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, discovery):
-    suite.require_real_gpus(target, discovery, gpu_products)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
     whole = {p: n for p, n in gpu_products.items()
-             if all(suite.node_gpus(discovery, x)[0] == "nvidia.com/gpu" for x in n)}  # not shared, not MIG
+             if all(bench_checks.node_gpus(discovery, x)[0] == "nvidia.com/gpu" for x in n)}  # not shared, not MIG
     multi = {p: n for p, n in whole.items() if len(n) >= 2}
     if not multi:
         pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
@@ -53,11 +53,11 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
     pct = float(os.environ.get(STRAGGLER_PCT_ENV) or 0) or None
     bad = []
     for product, nodes in sorted(multi.items()):
-        nnodes = suite.multinode_count(nodes)
-        gpus = min(suite.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
+        nnodes = bench_checks.multinode_count(nodes)
+        gpus = min(bench_checks.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
         try:
-            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device=suite.device(run)), product=product,
-                                         nnodes=nnodes, gpus_per_node=gpus, image=suite.image(run))
+            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device=bench_checks.device(run)), product=product,
+                                         nnodes=nnodes, gpus_per_node=gpus, image=bench_checks.image(run))
         except Exception as exc:  # one product failing must not hide the others
             bad.append(f"{product}: {exc}")
             continue

@@ -8,7 +8,7 @@ utilization per phase. HBM bandwidth decides LLM decode speed and tells an H100
 
 import pytest
 
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 
 pytestmark = pytest.mark.bench
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.bench
 @pytest.mark.creates(benchmark="hbm")
 def test_hbm_per_product(target, run, run_dir, gpu_products, discovery):
     """One pod per GPU product (first node of each), stock PyTorch image, 1 GiB buffers."""
-    suite.require_real_gpus(target, discovery, gpu_products)
-    results = suite.run_per_product("hbm", run, run_dir, gpu_products, discovery)
-    bad = suite.failures(results)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
+    results = bench_checks.run_per_product("hbm", run, run_dir, gpu_products, discovery)
+    bad = bench_checks.failures(results)
     assert not bad, "\n".join(bad)

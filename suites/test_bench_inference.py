@@ -18,7 +18,7 @@ import os
 import pytest
 
 from gpuproof.bench import get
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 from gpuproof.plugin.target import REAL_GPU_REASON
 
 pytestmark = pytest.mark.bench
@@ -35,10 +35,10 @@ def _endpoint() -> dict:
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="inference", prefix="infer")
 def test_inference_per_product(target, run, run_dir, gpu_products, discovery):
-    suite.require_real_gpus(target, discovery, gpu_products)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
     if _endpoint():
         pytest.skip(f"{URL_ENV} is set: the user's endpoint is benchmarked instead (test_inference_endpoint)")
-    results = suite.run_per_product("inference", run, run_dir, gpu_products, discovery)
+    results = bench_checks.run_per_product("inference", run, run_dir, gpu_products, discovery)
     broken = [f"{p}: {r}" for p, r in results.items() if isinstance(r, str)]
     assert not broken, "\n".join(broken)
 
@@ -50,13 +50,13 @@ def test_inference_endpoint(target, run, run_dir):
     endpoint = _endpoint()
     if not endpoint:
         pytest.skip(f"{URL_ENV} is not set")
-    if suite.is_simulated(target):
+    if bench_checks.is_simulated(target):
         pytest.skip(f"{REAL_GPU_REASON}: its pods do not run; `gpuproof bench --local inference --url URL` drives "
                     f"the endpoint from this host")
     bench = get("inference")
-    params = bench.params(endpoint, device=suite.device(run))
-    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=suite.image(run),
-                                  loadgen_image=suite.loadgen_image(run))
+    params = bench.params(endpoint, device=bench_checks.device(run))
+    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=bench_checks.image(run),
+                                  loadgen_image=bench_checks.loadgen_image(run))
     records = bench.to_records(result, node="endpoint", product=endpoint["model"] or "endpoint")
     for r in records:
         r.parameters.setdefault("run_mode", "cluster")

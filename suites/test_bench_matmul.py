@@ -8,7 +8,7 @@ utilization per phase.
 
 import pytest
 
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 
 pytestmark = pytest.mark.bench
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.bench
 @pytest.mark.creates(benchmark="matmul")
 def test_matmul_per_product(target, run, run_dir, gpu_products, discovery):
     """One pod per GPU product (first node of each), stock PyTorch image, all supported dtypes."""
-    suite.require_real_gpus(target, discovery, gpu_products)
-    results = suite.run_per_product("matmul", run, run_dir, gpu_products, discovery)
-    bad = suite.failures(results)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
+    results = bench_checks.run_per_product("matmul", run, run_dir, gpu_products, discovery)
+    bad = bench_checks.failures(results)
     assert not bad, "\n".join(bad)

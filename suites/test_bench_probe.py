@@ -6,7 +6,7 @@ NVML UUIDs), kernel_check_ok, memory_total_mib per device, kernel_check_ms.
 
 import pytest
 
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 
 pytestmark = pytest.mark.bench
 
@@ -15,11 +15,11 @@ pytestmark = pytest.mark.bench
 @pytest.mark.creates(benchmark="probe", all_gpus=True)
 def test_probe_per_product(target, run, run_dir, gpu_products, discovery):
     """A pod with all GPUs of the first node of each product: every GPU visible and computing right."""
-    suite.require_real_gpus(target, discovery, gpu_products)
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
     results = {}
     for product, nodes in sorted(gpu_products.items()):
-        gpus = suite.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1]
-        results.update(suite.run_per_product("probe", run, run_dir, {product: nodes}, discovery,
+        gpus = bench_checks.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1]
+        results.update(bench_checks.run_per_product("probe", run, run_dir, {product: nodes}, discovery,
                                              params={"expect_gpus": gpus}, all_gpus=True))
-    bad = suite.failures(results)
+    bad = bench_checks.failures(results)
     assert not bad, "\n".join(bad)

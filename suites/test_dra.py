@@ -341,7 +341,7 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
     _need_dra(discovery, check, "dra-probe-uuid")
     from gpuproof.bench import workloads
-    from gpuproof.plugin.bench import image
+    from gpuproof.plugin.bench_checks import image
     from gpuproof.plugin.checks import nvml_device_ids
 
     devices = _devices(discovery)

@@ -17,7 +17,7 @@ Records (benchmark ``health``): ``verdict`` per item, the item's value when nume
 import pytest
 
 from gpuproof.bench import get
-from gpuproof.plugin import bench as suite
+from gpuproof.plugin import bench_checks
 from gpuproof.bench.health import extra_args_from_env, record_checks
 from gpuproof.errors import GpuproofError
 from gpuproof.plugin.checks import free_on
@@ -31,15 +31,15 @@ FEATURE = "health"
 def test_health_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discovery, check):
     """One pod per GPU node with every free GPU of the node (one slice / replica when shared)."""
     node = gpu_node
-    resource, gpus = suite.node_gpus(discovery, node.name, all_gpus=True)
+    resource, gpus = bench_checks.node_gpus(discovery, node.name, all_gpus=True)
     free = free_on(target.cluster, node, resource)
     if free < 1:
         check.skip("health", f"{node.name} has no free {resource}: every GPU is held by other pods")
     bench = get("health")
-    params = bench.params({"extra_args": extra_args_from_env()}, device=suite.device(run))
+    params = bench.params({"extra_args": extra_args_from_env()}, device=bench_checks.device(run))
     try:
         result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
-                                      resource=resource, image=suite.image(run), timeout=target.timeout(bench.timeout_s))
+                                      resource=resource, image=bench_checks.image(run), timeout=target.timeout(bench.timeout_s))
     except GpuproofError as exc:
         check.true("health-pod", False, "the health pod finishes with a JSON result", str(exc).splitlines()[0],
                    what=f"health workload pod ({resource} x {min(gpus, free)})")

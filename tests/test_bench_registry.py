@@ -129,7 +129,7 @@ def _node(name, capacity, labels=None):
 def test_node_gpus_picks_the_resource_a_pod_can_get():
     from types import SimpleNamespace
 
-    from gpuproof.plugin.bench import node_gpus
+    from gpuproof.plugin.bench_checks import node_gpus
 
     nodes = {
         "whole": _node("whole", {"nvidia.com/gpu": "8"}),

@@ -190,7 +190,7 @@ class _Item:
 
 
 def test_benchmark_checks_are_planned_from_the_benchmarks_own_manifests():
-    from gpuproof.plugin import bench as suite
+    from gpuproof.plugin import bench_checks
 
     d = _discovery(simulated=False)
     assert not d.simulated
@@ -204,9 +204,9 @@ def test_benchmark_checks_are_planned_from_the_benchmarks_own_manifests():
     a100 = objs["bench-matmul-nvidia-a100-sxm4-80gb"]
     assert (a100["kind"], a100["node"], a100["requests"], a100["namespace"]) == \
         ("Pod", "a100-0", "1 nvidia.com/gpu", "gpuproof-r1")
-    assert a100["image"] == suite.image()
+    assert a100["image"] == bench_checks.image()
     h100 = objs["bench-matmul-nvidia-h100-80gb-hbm3"]
-    resource, gpus = suite.node_gpus(d, "h100-mig-0")              # the largest MIG slice the node has
+    resource, gpus = bench_checks.node_gpus(d, "h100-mig-0")              # the largest MIG slice the node has
     assert resource.startswith("nvidia.com/mig-") and (h100["node"], h100["requests"]) == \
         ("h100-mig-0", f"{gpus} {resource}")
     # one pod per product, on the first node of each

@@ -6,7 +6,7 @@ workloads' pod specs (``workloads``), the load generator's pods (``loadpods``) a
 (``metrics``).
 
 Layer 3, beside ``sim`` and ``report``: may import ``discovery``, ``cluster`` and the base modules, never
-``sim``; the pytest glue of the benchmark suites is :mod:`gpuproof.plugin.bench`.
+``sim``; the pytest glue of the benchmark suites is :mod:`gpuproof.plugin.bench_checks`.
 """
 
 __all__ = ["REGISTRY", "Benchmark", "get", "names", "register", "run_and_record"]

@@ -1,5 +1,5 @@
 """The pytest side: the target cluster of a session (``target``, ``providers``), gpuproof's hooks and fixtures,
-the check helpers suites import (``checks``, ``bench``), and the plugins that ride along: progress lines,
+the check helpers suites import (``checks``, ``bench_checks``), and the plugins that ride along: progress lines,
 ``gpuproof plan``'s collector and the coverage of each check.
 
 pytest loads it through ``gpuproof.pytest_plugin`` (the entry point users name). Suites import check helpers

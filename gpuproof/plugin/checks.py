@@ -192,7 +192,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
              ) -> list[dict]:
     """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results."""
     from ..bench import workloads
-    from .bench import image
+    from .bench_checks import image
 
     cm = workloads.configmap(labels=run.labels, namespace=run.namespace)
     obj, err = run.try_apply(cm)

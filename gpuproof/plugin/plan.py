@@ -289,7 +289,7 @@ def _benchmark(mark, ctx: _Context) -> list[dict]:
     """What ``Benchmark.run_in_cluster`` would apply, from the benchmark's own ``manifests``."""
     from ..bench import workloads as wl
     from ..bench import get
-    from . import bench as bench_suite
+    from . import bench_checks as bench_suite
     from ..bench.base import pod_name
     from ..cluster.api import run_labels
 

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import pytest
 
+from . import fixtures
 from .progress_board import Board, EventView, PodView, Schedule, fmt_duration
 from .progress_eta import Estimate, history, junit_key
 
@@ -78,7 +79,7 @@ def _uses_gpuproof(item) -> bool:
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
     for name in GPUPROOF_FIXTURES & set(getattr(item, "fixturenames", ())):
         chosen = defs.get(name) or ()
-        if chosen and getattr(getattr(chosen[-1], "func", None), "__module__", "") == "gpuproof.pytest_plugin":
+        if chosen and getattr(getattr(chosen[-1], "func", None), "__module__", "") == fixtures.__name__:
             return True
     return False
 
