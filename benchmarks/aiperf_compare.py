@@ -9,21 +9,23 @@ Each round, in this order (the server's speed drifts on a shared VM by more than
 between runs minutes apart, so what is compared runs back to back):
 
 1. gpuproof's capacity search (``loadgen.py --rates 1:16``, TTFT SLO 2 s, TPOT SLO 1 s,
-   20 s steps at least): its capacity, the rate it completed there, and what the server's
-   own /metrics said at the first failing step (busy, forward share, batch slots used,
-   waiting) and at the capacity (overhead per request);
-2. right after it, AIPerf at about 120% of that capacity (``--over-s`` seconds of sending),
-   then gpuproof's client at the same rate: request throughput, answered requests / first
-   request sent to last answer (AIPerf's definition; gpuproof's ``served_rps``), and the
-   server's own completion rate (its /metrics ``ok`` counter over the saturated middle of
-   the run). The capacity is held against the AIPerf run that follows it within seconds;
+   20 s steps at least, each long enough for loadgen's 40 answers in its judged half): its
+   capacity, the rate it completed there, and what the server's own /metrics said at the
+   first failing step (busy, forward share, batch slots used, waiting) and at the capacity
+   (overhead per request);
+2. right after it, AIPerf at about 120% of that capacity (``--over-s`` seconds of sending, or
+   as long as ``--over-requests`` take at that rate), then gpuproof's client at the same
+   rate: request throughput, answered requests / first request sent to last answer
+   (AIPerf's definition; gpuproof's ``served_rps``), and the server's own completion rate
+   (its /metrics ``ok`` counter over the saturated middle of the run). The capacity is held
+   against the AIPerf run that follows it within seconds;
 3. both clients at about 50% of the capacity (constant arrivals), in ``--under-slices``
-   alternating slices each (ABAB, the first client alternating by round) of
-   ``--under-s`` / slices seconds of sending: TTFT p50, TPOT p50, request latency p50
-   (each client's figure is the mean of its slices' medians), output tokens per request
-   and per second, and each client's CPU per completed request (its slices' CPU over their
-   answered requests). Slices spread both clients over the same minutes, so a server that
-   speeds up or slows down meets both alike.
+   alternating slices each (ABAB, the first client alternating by round), together
+   ``--under-s`` seconds of sending or as long as ``--under-requests`` take at that rate:
+   TTFT p50, TPOT p50, request latency p50 (each client's figure is the mean of its slices'
+   medians), output tokens per request and per second, and each client's CPU per completed
+   request (its slices' CPU over their answered requests). Slices spread both clients over
+   the same minutes, so a server that speeds up or slows down meets both alike.
 
 A client's CPU is that of its whole process tree (AIPerf starts a dozen processes, gpuproof's
 loadgen one), read from /proc every 0.2 s by this script and interpolated at the first request
@@ -133,7 +135,8 @@ def placed(role: str):
     return place
 
 
-def run_client(cmd: list[str], server: str, env: dict | None = None, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
+def run_client(cmd: list[str], server: str, env: dict | None = None,
+               timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=placed("client"))
     sampler = Sampler(proc.pid, server)
@@ -256,6 +259,11 @@ def main() -> int:
     p.add_argument("--over", type=float, default=1.2, help="the high load, x the round's capacity (default 1.2)")
     p.add_argument("--under-s", type=float, default=40.0, help="seconds of sending at the low load (default 40)")
     p.add_argument("--over-s", type=float, default=60.0, help="seconds of sending at the high load (default 60)")
+    p.add_argument("--under-requests", type=int, default=60,
+                   help="requests per client at the low load at least (default 60: longer than --under-s on a slow "
+                        "server)")
+    p.add_argument("--over-requests", type=int, default=60,
+                   help="requests per client at the high load at least (default 60)")
     p.add_argument("--under-slices", type=int, default=2,
                    help="alternating slices per client at the low load (default 2: ABAB)")
     p.add_argument("--server-cpus", default="1", help="CPUs the server is pinned to (default 1; '' = none)")
@@ -298,10 +306,12 @@ def main() -> int:
                 rates = {"under": round(base * args.under, 2), "over": round(base * args.over, 2)}
                 print(json.dumps({"round": rnd, "rates": rates, "from": base}), flush=True)
                 # the capacity against the AIPerf run that follows the search at once; gpuproof's client next
-                runs = [("over", 0, "aiperf", args.over_s), ("over", 0, "gpuproof", args.over_s)]
+                # long enough for the medians to rest on enough requests whatever the server's speed
+                over_s = max(args.over_s, args.over_requests / rates["over"])
+                under_s = max(args.under_s, args.under_requests / rates["under"]) / args.under_slices
+                runs = [("over", 0, "aiperf", over_s), ("over", 0, "gpuproof", over_s)]
                 order = ("gpuproof", "aiperf") if rnd % 2 == 0 else ("aiperf", "gpuproof")
-                runs += [("under", k, client, args.under_s / args.under_slices)
-                         for k in range(args.under_slices) for client in order]
+                runs += [("under", k, client, under_s) for k in range(args.under_slices) for client in order]
                 for load, k, client, seconds in runs:
                     if client == "gpuproof":
                         fig = gpuproof_fixed(url, rates[load], seconds)

@@ -26,7 +26,9 @@ SLO met inside it. Why the second half: by then the first answers are back, so a
 that keeps up holds a steady number of requests in flight while one that cannot lets them
 pile up by (offered - served) per second. For that the step must last several times the
 server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
-latency of the earlier steps that kept pace, whichever is longer (``step_s_rule``); a step
+latency of the earlier steps that kept pace, whichever is longer, and in a search long enough
+for that half to hold ``--pace-answers`` (40) answers at the offered rate, so that the two
+answers at its edges are within the search's 5% (``step_s_rule`` says which rule set it); a step
 whose first answers (those sent in its first quarter) took longer than half of it has
 ``pace_judged: false`` and passes or fails on its SLOs and errors alone.
 Goodput = requests meeting every SLO per second of the served span.
@@ -119,6 +121,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 N_PROMPTS = 64
 CLUSTER_MASTER_PORT = 5557
 PACE_FACTOR = 4.0     # a step sends for at least this many times the server's latency (see Runner.step_length)
+PACE_ANSWERS = 40     # a search step's judged half holds this many answers at the offered rate (Runner.step_length)
 THROUGHPUTS = {
     "offered_rps": "the rate the step's schedule offered",
     "sent_rps": "requests sent / the sending span (the client keeping its schedule)",
@@ -729,6 +732,10 @@ def build_parser():
     p.add_argument("--step-s", type=float, default=15.0,
                    help=f"seconds of sending per step at least (default 15; longer when {PACE_FACTOR:g}x the server's "
                         "latency is longer, so that a growing queue shows)")
+    p.add_argument("--pace-answers", type=int, default=PACE_ANSWERS,
+                   help=f"a search step sends long enough for its second half to hold this many answers at the "
+                        f"offered rate (default {PACE_ANSWERS}: the answers at the window's edges are then within 5%%; "
+                        "0 = off); fixed --rates a,b send for --step-s")
     p.add_argument("--drain-s", type=float, default=60.0,
                    help="after a step's last send, wait at most this long for its answers (default 60)")
     p.add_argument("--input-tokens", type=int, default=512, help="prompt length in words ~ tokens (default 512)")
@@ -821,25 +828,38 @@ class Runner:
         self.floor: dict = {"server_ms": None, "ttft_ms": None, "source": "lowest p10 of the steps so far"}
         self.metrics_kind = probe_metrics(base, args.metrics_path)[0]
         self.t_start = time.perf_counter()
+        self.searching = False    # a capacity search (--rates LO:HI): steps hold --pace-answers answers
 
     def budget_left(self) -> bool:
         a = self.args
         return (len(self.steps) < a.max_steps and time.perf_counter() - self.t_start < a.max_duration_s
                 and self.requests < a.max_requests)
 
-    def step_length(self) -> tuple[float, str]:
-        """How long the next step sends: ``--step-s``, or ``PACE_FACTOR`` times the longest median
-        latency of the steps so far that kept pace (or passed while too short to tell), when that is
-        longer. Whether the queue grows is read over a step's second half, which must start after
-        the first answers are back and still hold as many answers again (``loadclient.pace``). A
-        failing step's latency is left out: it holds the queue's wait, not the server's time."""
+    def step_length(self, rate: float) -> tuple[float, str]:
+        """How long the next step sends: ``--step-s``, or longer where one of two rules asks for more.
+
+        - ``PACE_FACTOR`` times the longest median latency of the steps so far that kept pace (or
+          passed while too short to tell). Whether the queue grows is read over a step's second half,
+          which must start after the first answers are back and still hold as many answers again
+          (``loadclient.pace``). A failing step's latency is left out: it holds the queue's wait, not
+          the server's time.
+        - In a capacity search, ``--pace-answers`` answers in that second half at the offered rate.
+          The pace is a count of answers against the offer, and the count is uncertain by the answers
+          at the window's edges (``PACE_SLACK``): with 40 of them that is 5%, the search's precision.
+          A slow server (a CPU model at 1 req/s) otherwise gets 10 answers a 20 s step, and a
+          capacity 10-15% off its sustained rate. Fixed rates (``--rates a,b``) send for ``--step-s``.
+        """
         a = self.args
         lat = [s["e2e_p50_ms"] / 1e3 if s.get("keeps_pace") else s["fill_latency_s"] for s in self.steps
                if s.get("e2e_p50_ms") and (s.get("keeps_pace") or not s.get("pace_judged") and s["slo_met"])]
-        need = PACE_FACTOR * max(lat) if lat else 0.0
-        if need > a.step_s:
-            return _round(need), f"{PACE_FACTOR:g} x the median latency {max(lat):.3g}s of an earlier step"
-        return a.step_s, "--step-s"
+        rules = [(a.step_s, "--step-s")]
+        if lat:
+            rules.append((PACE_FACTOR * max(lat), f"{PACE_FACTOR:g} x the median latency {max(lat):.3g}s of an "
+                                                  "earlier step"))
+        if self.searching and a.pace_answers > 0:
+            rules.append((2 * a.pace_answers / rate, f"{a.pace_answers} answers in the judged half at {rate:g} req/s"))
+        need, why = max(rules, key=lambda r: r[0])
+        return (a.step_s, "--step-s") if need <= a.step_s else (_round(need), why)
 
     def size_senders(self, rate: float) -> dict | None:
         """The load processes this rate needs, from the CPU they spent per request in the previous
@@ -862,7 +882,7 @@ class Runner:
 
     def step(self, rate: float) -> dict:
         a, idx = self.args, len(self.steps)
-        step_s, step_rule = self.step_length()
+        step_s, step_rule = self.step_length(rate)
         sizing = self.size_senders(rate)
         m0 = server_metrics(self.base, a.metrics_path) if self.metrics_kind == "gpuproof" else None
         gauges = (GaugeSampler(self.base + a.metrics_path, a.metrics_interval_s)
@@ -956,6 +976,7 @@ class Runner:
             return (max(below) if below else None), failing
         lo, hi = rates
         r = lo
+        self.searching = True
         while self.budget_left():
             s = self.step(r)
             if not (s["valid"] and s["slo_met"]):
@@ -1012,6 +1033,8 @@ def _validate(args) -> str | None:
                 "and 0 < --slo-attainment <= 1 please")
     if args.workers != "auto" and not (args.workers.isdigit() and int(args.workers) >= 1):
         return f"--workers {args.workers!r}: a whole number >= 1 or 'auto'"
+    if args.pace_answers < 0:
+        return "--pace-answers >= 0 please (0 = steps of --step-s)"
     if not 0 < args.headroom <= 1 or args.max_workers < 1 or args.calibrate_s <= 0:
         return "0 < --headroom <= 1, --max-workers >= 1 and --calibrate-s > 0 please"
     if args.master and args.expect_workers < 1:

@@ -200,21 +200,25 @@ class Inference(Benchmark):
                    "limited are marked invalid; locust master + N workers when one process cannot offer the rate")
     defaults = {"rates": "1:1024", "step_s": 15.0, "drain_s": 60.0, "input_tokens": 512, "output_tokens": 128,
                 "slo_ttft_ms": 1000.0, "slo_tpot_ms": 100.0, "slo_attainment": 0.95, "max_error_rate": 0.0,
-                "users": 512, "bisect_steps": 3, "size": "auto", "max_batch": None, "sample_hz": 10.0,
-                "threads": None, "url": None, "model": None,
+                "users": 512, "bisect_steps": 3, "pace_answers": None, "size": "auto", "max_batch": None,
+                "sample_hz": 10.0, "threads": None, "url": None, "model": None,
                 # the load client: one process, N, or 'auto' (N from a calibration of its per-core rate)
                 "workers": "auto", "target_rps": None, "headroom": None, "max_workers": None, "calibrate_s": None}
+    # on the CPU the model is a stand-in and its capacity a smoke figure: search steps hold 10 answers in their
+    # judged half, not loadgen's 40 (which would be 80 s steps at 1 req/s); CI's steps are --step-s (0 = off)
     cpu_defaults = {"rates": "1:256", "step_s": 4.0, "drain_s": 30.0, "input_tokens": 64, "output_tokens": 32,
-                    "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2, "workers": 1}
+                    "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2, "workers": 1,
+                    "pace_answers": 10}
     ci_params = {"rates": "1:2", "step_s": 2.0, "input_tokens": 16, "output_tokens": 8, "slo_ttft_ms": 5000.0,
                  "slo_tpot_ms": 1000.0, "slo_attainment": 0.5, "users": 8, "size": "tiny", "threads": 1,
-                 "workers": 1}
+                 "workers": 1, "pace_answers": 0}
     server_flags = {"device": "--device", "size": "--model", "max_batch": "--max-batch", "sample_hz": "--sample-hz",
                     "threads": "--threads"}
     load_flags = {"rates": "--rates", "step_s": "--step-s", "drain_s": "--drain-s", "input_tokens": "--input-tokens",
                   "output_tokens": "--output-tokens", "slo_ttft_ms": "--slo-ttft-ms", "slo_tpot_ms": "--slo-tpot-ms",
                   "slo_attainment": "--slo-attainment", "max_error_rate": "--max-error-rate", "users": "--users",
-                  "think_ms": "--think-ms", "bisect_steps": "--bisect-steps", "ramp_factor": "--ramp-factor",
+                  "think_ms": "--think-ms", "bisect_steps": "--bisect-steps", "pace_answers": "--pace-answers",
+                  "ramp_factor": "--ramp-factor",
                   "max_steps": "--max-steps", "max_requests": "--max-requests", "model": "--model",
                   "workers": "--workers", "target_rps": "--target-rps", "headroom": "--headroom",
                   "max_workers": "--max-workers", "calibrate_s": "--calibrate-s", "per_core_rps": "--per-core-rps"}

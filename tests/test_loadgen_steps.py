@@ -1,0 +1,68 @@
+"""How long a load step sends (``loadgen.Runner.step_length``): the rules that make a step's pace
+judgement (completions against the offer over its second half) precise enough for the search.
+
+A capacity search's steps hold ``--pace-answers`` answers in their judged half at the offered rate:
+a slow server otherwise gives 10 answers a 20 s step, and the two answers at the window's edges
+are 20% of the count, four times the search's precision (a CPU server's capacity came out 12-14%
+under what AIPerf measured it to sustain). Fixed rates send for ``--step-s``, as asked.
+"""
+
+import json
+import subprocess
+import sys
+
+from gpuproof.bench.workloads import WORKLOADS_DIR
+
+# loadgen monkey-patches the process for gevent when imported: its rules run in a child interpreter
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import loadgen
+out = []
+for case in json.loads(sys.argv[2]):
+    run = loadgen.Runner.__new__(loadgen.Runner)   # no server: only the step-length rules are exercised
+    run.args = loadgen.build_parser().parse_args(["--url", "http://127.0.0.1:9", *case["argv"]])
+    run.steps, run.searching = case.get("steps", []), case["searching"]
+    out.append(list(run.step_length(case["rate"])) if "rate" in case else loadgen._validate(run.args))
+print(json.dumps(out))
+"""
+
+
+def step_lengths(*cases: dict) -> list:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(WORKLOADS_DIR), json.dumps(cases)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [tuple(x) if isinstance(x, list) else x for x in json.loads(proc.stdout.splitlines()[-1])]
+
+
+def case(*argv: str, rate: float | None = None, searching: bool = True, steps: list | None = None) -> dict:
+    return {"argv": list(argv), "searching": searching, "steps": steps or [],
+            **({"rate": rate} if rate is not None else {})}
+
+
+def test_a_search_step_holds_the_answers_its_pace_needs():
+    assert step_lengths(case("--step-s", "20", rate=1.0), case("--step-s", "20", rate=2.5),
+                        case("--step-s", "20", rate=8.0)) == [
+        (80.0, "40 answers in the judged half at 1 req/s"),
+        (32.0, "40 answers in the judged half at 2.5 req/s"),
+        (20.0, "--step-s")], "a fast server's steps are --step-s long"
+
+
+def test_the_answer_count_is_the_users_to_set_or_turn_off():
+    got = step_lengths(case("--step-s", "20", "--pace-answers", "10", rate=1.0),
+                       case("--step-s", "5", "--pace-answers", "10", rate=1.0),
+                       case("--step-s", "5", "--pace-answers", "0", rate=1.0),
+                       case("--pace-answers", "-1"))
+    assert got[:3] == [(20.0, "--step-s"), (20.0, "10 answers in the judged half at 1 req/s"), (5.0, "--step-s")]
+    assert got[3].startswith("--pace-answers >= 0")
+
+
+def test_fixed_rates_send_for_the_step_asked():
+    assert step_lengths(case("--step-s", "20", rate=0.5, searching=False)) == [(20.0, "--step-s")]
+
+
+def test_the_longest_rule_wins_and_says_so():
+    kept = [{"e2e_p50_ms": 30_000.0, "keeps_pace": True, "pace_judged": True, "slo_met": True}]
+    assert step_lengths(case("--step-s", "20", rate=4.0, steps=kept), case("--step-s", "20", rate=0.5, steps=kept)) \
+        == [(120.0, "4 x the median latency 30s of an earlier step"),
+            (160.0, "40 answers in the judged half at 0.5 req/s")]
