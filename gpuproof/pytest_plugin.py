@@ -7,6 +7,9 @@ parametrizing fixtures ``gpu_node`` / ``gpu_pool`` (one test per discovered node
 helpers from :mod:`gpuproof.plugin.checks`.
 """
 
+from gpuproof.plugin.checks import for_nodes  # noqa: E402,F401  (suites written before #24 import them from here)
+from gpuproof.plugin.target import REAL_GPU_REASON  # noqa: E402,F401
+
 # options, configure/finish, parametrization; the fixtures; the `creates` marker for plans; the nodes each
 # check left out
 pytest_plugins = ["gpuproof.plugin.hooks", "gpuproof.plugin.fixtures", "gpuproof.plugin.plan",

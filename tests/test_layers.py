@@ -7,7 +7,8 @@ Bottom-up, each layer imports only layers below it (imports inside functions cou
     2 discovery  the reader of clusters
     3 sim | bench | report   side by side, never importing each other; sim never imports discovery (the words
                  both need are gpuproof.vocab's), report reads records only (base)
-    4 plugin     the pytest side (gpuproof.pytest_plugin is its face under the entry point's name)
+    4 plugin     the pytest side (gpuproof.pytest_plugin is its face under the entry point's name, gpuproof.suite
+                 the check helpers' old name)
     5 cli        the command line (gpuproof.__main__, gpuproof.tools and gpuproof.rbac are command-line entries)
 
 The checker is a plain function over a folder, so the tests below also run it over a made-up package to show
@@ -33,7 +34,7 @@ LAYER_OF = {
     "gpuproof.sim": "sim",
     "gpuproof.bench": "bench",
     "gpuproof.report": "report",
-    "gpuproof.plugin": "plugin", "gpuproof.pytest_plugin": "plugin",
+    "gpuproof.plugin": "plugin", "gpuproof.pytest_plugin": "plugin", "gpuproof.suite": "plugin",
     "gpuproof.cli": "cli", "gpuproof.__main__": "cli", "gpuproof.tools": "cli", "gpuproof.rbac": "cli",
 }
 RANK = {"base": 0, "cluster": 1, "discovery": 2, "sim": 3, "bench": 3, "report": 3, "plugin": 4, "cli": 5}
