@@ -15,7 +15,8 @@ waits for the answers (at most ``--drain-s``). Each step records four rates
 - ``served_rps``: answered requests / first request sent to last answer received, AIPerf's
   request throughput. Past saturation it is what the server served, not what was offered;
 - ``completion_rps``: answers per second over the second half of the sending, and
-  ``queue_growth``: requests in flight at its end minus at its start.
+  ``queue_growth``: how many more requests were in flight at its end than at its start (each
+  level averaged over a quarter of that half: ``loadclient.pace``).
 
 A step **passes** when the server kept pace and met the SLOs: its completions over the
 second half fell short of the offered rate by no more than ``--rate-tolerance`` (or 2
