@@ -33,13 +33,15 @@ from typing import Any, Callable
 
 import pytest
 
-from . import fixtures
 from .progress_board import Board, EventView, PodView, Schedule, fmt_duration
 from .progress_eta import Estimate, history, junit_key
 
 DEFAULT_AFTER = 10.0
 PLUGIN_NAME = "gpuproof-progress"
 
+# where gpuproof's fixtures live, by name: importing the module here (progress is registered first) would import it
+# before pytest marks it for assertion rewriting
+FIXTURES_MODULE = __name__.rsplit(".", 1)[0] + ".fixtures"
 # fixtures that make a test one of gpuproof's checks (a session with none of them is left alone)
 GPUPROOF_FIXTURES = {"target", "run", "discovery", "check", "run_dir", "scratch", "gpu_node", "gpu_pool",
                      "gpu_product", "gpu_products", "needs_real_gpus"}
@@ -79,7 +81,7 @@ def _uses_gpuproof(item) -> bool:
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}) or {}
     for name in GPUPROOF_FIXTURES & set(getattr(item, "fixturenames", ())):
         chosen = defs.get(name) or ()
-        if chosen and getattr(getattr(chosen[-1], "func", None), "__module__", "") == fixtures.__name__:
+        if chosen and getattr(getattr(chosen[-1], "func", None), "__module__", "") == FIXTURES_MODULE:
             return True
     return False
 
