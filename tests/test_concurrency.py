@@ -23,6 +23,7 @@ import time
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from gpuproof.cluster.api import watch_until
 from gpuproof.cluster.lease import NAME, NAMESPACE, LeaseHeld, RunLease, remove_expired
 from healthy_runs import MIXED, MIXED_UNDER_CHURN, assert_healthy
 
@@ -152,6 +153,10 @@ class Churn:
         self.thread.join(timeout=30)
         with contextlib.suppress(ApiException):
             self.core.delete_namespace(self.NS)
+        # gone before the next case: its pods still bound to a node would count there as other people's GPUs
+        # (a loaded CI machine saw a full-node fault skip as "other pods hold them all" instead of failing)
+        watch_until(self.core.list_namespace, lambda c: self.NS not in c or None, 120,
+                    f"namespace {self.NS} to be deleted", field_selector=f"metadata.name={self.NS}")
         for name in ("churn-high", "churn-mid"):
             with contextlib.suppress(ApiException):
                 self.sched.delete_priority_class(name)
