@@ -16,7 +16,7 @@ How it is launched (the same file in every case):
 - ``python allreduce.py --nproc 2``              N local processes (file store, loopback);
 - ``torchrun --nproc-per-node 8 allreduce.py``   one pod with several GPUs;
 - ``torchrun --nnodes N --node-rank $I --master-addr <job>-0.<svc> ... allreduce.py``
-  several nodes (an indexed Job with a headless Service, see gpuproof/workloads.py).
+  several nodes (an indexed Job with a headless Service, see gpuproof/bench/workloads.py).
 
 With one rank no data moves between devices: the sweep still times the call, but no
 algbw / busbw is reported (``no_bandwidth_reason`` says why).

@@ -3,7 +3,7 @@ measured the client instead of the server (below), how many locust workers a rat
 whether the server kept pace with the offered rate (:func:`pace`), how full the server was
 (:func:`gpuproof_headroom`, :func:`prom_gauges`) and what bound a failing step (:func:`classify`).
 
-Standard library only and no locust import, so gpuproof (``gpuproof/loadpods.py``) and
+Standard library only and no locust import, so gpuproof (``gpuproof/bench/loadpods.py``) and
 tests import it as plain code; ``loadgen.py`` applies it to every step.
 
 A step is **invalid** (``valid: false`` and ``invalid_reason``) when the client, not the

@@ -83,7 +83,7 @@ sized again from the CPU the sending processes actually spent per request in the
 step (idle time included) and more local workers are started when the next rate needs them
 (``client_sizing`` in the step; ``short: true`` when they could not be: ``--max-workers``,
 or worker pods started elsewhere).
-``--calibrate-only`` prints just that measurement. In a cluster (``gpuproof/loadpods.py``)
+``--calibrate-only`` prints just that measurement. In a cluster (``gpuproof/bench/loadpods.py``)
 the master runs with ``--master --expect-workers N`` and N worker pods run ``--worker
 --master-host H``. A run is bounded by ``--max-steps``, ``--max-duration-s`` and
 ``--max-requests``. Needs only the standard library and locust (no torch).
