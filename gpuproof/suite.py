@@ -3,4 +3,3 @@ before the layout of issue #24 still import. New suites import :mod:`gpuproof.pl
 """
 
 from .plugin.checks import *  # noqa: F401,F403
-from .plugin.checks import Pool, for_nodes  # noqa: F401
