@@ -173,12 +173,15 @@ class SimCluster:
             if fleet is not None and state.fleet != (fleet.source or fleet.name):
                 self.load_fleet(fleet, progress=progress, timeout=timeout)
             return self.kubeconfig
+        base = self.base_port or DEFAULT_PORT
         if current["components"]:
             progress("cleaning up a dead or partial embedded cluster left from an earlier run")
+            old = self.load_state()
             self.down(progress=_quiet)
+            if old is not None and old.base_port == base:
+                _wait_ports_released(base, progress)
 
         bins = binaries or _binaries.locate(progress=progress)
-        base = self.base_port or DEFAULT_PORT
         busy = [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
         if busy:
             raise ControlPlaneError(
@@ -499,12 +502,29 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1 = PR_SET_PDEATHSIG
 
 
+def _threads_left(pid: int) -> bool:
+    """True while any thread of pid has not exited. A Go program's leader thread can read `Z` while its
+    other threads still run and hold its listening sockets; only when they are gone are its ports free."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            return True
+    return False
+
+
 def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     delay = 0.02
-    while _alive(pid, exe):
+    while _alive(pid, exe) or (_threads_left(pid) and time.monotonic() < deadline + 5):
         if time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -513,6 +533,23 @@ def _terminate(pid: int, exe: str, grace: float = 10.0) -> None:
         delay = min(delay * 2, 0.2)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def _wait_ports_released(base: int, progress: Progress, within: float = 10.0) -> None:
+    """After stopping a leftover cluster on these ports: wait (at most `within` s) until the kernel has
+    released them; what is still held after that belongs to someone else and `up` names it."""
+    deadline = time.monotonic() + within
+    said = False
+    delay = 0.02
+    while time.monotonic() < deadline:
+        held = [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
+        if not held:
+            return
+        if not said:
+            progress(f"waiting up to {within:.0f} s for the stopped cluster's ports to be released: {', '.join(held)}")
+            said = True
+        time.sleep(delay)          # no event tells when a socket closes in another process: poll the bind
+        delay = min(delay * 2, 0.2)
 
 
 def _tail_file(path: Path, lines: int = 25) -> str:
