@@ -19,13 +19,18 @@ between runs minutes apart, so what is compared runs back to back):
    (AIPerf's definition; gpuproof's ``served_rps``), and the server's own completion rate
    (its /metrics ``ok`` counter over the saturated middle of the run). The capacity is held
    against the AIPerf run that follows it within seconds;
-3. both clients at about 50% of the capacity (constant arrivals), in ``--under-slices``
-   alternating slices each (ABAB, the first client alternating by round), together
-   ``--under-s`` seconds of sending or as long as ``--under-requests`` take at that rate:
-   TTFT p50, TPOT p50, request latency p50 (each client's figure is the mean of its slices'
-   medians), output tokens per request and per second, and each client's CPU per completed
-   request (its slices' CPU over their answered requests). Slices spread both clients over
-   the same minutes, so a server that speeds up or slows down meets both alike.
+3. both clients at about 50% of the capacity (constant arrivals) **at once**, each at half
+   that rate, gpuproof's schedule half a period after AIPerf's (``loadgen.py --start-epoch``,
+   from the moment the server counted AIPerf's first request): the server sees one constant
+   stream, the two clients' requests alternate in it, and each client sends ``--under-requests``
+   (60) at least: TTFT p50, TPOT p50, request latency p50, output tokens per request and per
+   second, and each client's CPU per completed request. Why at once: on this server a request's
+   TPOT depends on how many other requests' prefills land inside it (2 or 3 at 50%), and which
+   of the two a stretch of minutes gives flips with the server's speed, which drifts on a shared
+   VM; one after the other, the two clients met different modes (the third run's TPOT ratios
+   were 1.20, 1.20 and 0.69). Interleaved request by request, both meet the same server.
+   ``--under-mode slices`` runs them one after the other in ``--under-slices`` alternating
+   slices instead (ABAB; each client's figure the mean of its slices' medians).
 
 A client's CPU is that of its whole process tree (AIPerf starts a dozen processes, gpuproof's
 loadgen one), read from /proc every 0.2 s by this script and interpolated at the first request
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -135,21 +141,49 @@ def placed(role: str):
     return place
 
 
-def run_client(cmd: list[str], server: str, env: dict | None = None,
-               timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=placed("client"))
+def server_requests(url: str) -> int | None:
+    """The server's count of requests received (counted as each arrives)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            return json.loads(resp.read())["requests"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def start_client(cmd: list[str], server: str, env: dict | None = None) -> tuple[subprocess.Popen, Sampler]:
+    """Start a client; its output goes to files (read back by :func:`finish_client`), so a client left
+    running beside another never blocks on a full pipe."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, preexec_fn=placed("client"))
+    proc.output_files = {"stdout": out, "stderr": err}
     sampler = Sampler(proc.pid, server)
     sampler.start()
+    return proc, sampler
+
+
+def run_client(cmd: list[str], server: str, env: dict | None = None,
+               timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
+    return finish_client(cmd, *start_client(cmd, server, env), timeout=timeout)
+
+
+def finish_client(cmd: list[str], proc: subprocess.Popen, sampler: Sampler,
+                  timeout: float = 1800) -> tuple[subprocess.CompletedProcess, Sampler]:
     try:
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:     # interrupted: the client (and AIPerf's services) go too
             proc.terminate()
-            proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         sampler.done.set()
         sampler.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), sampler
+    return subprocess.CompletedProcess(cmd, proc.returncode, client_output(proc, "stdout"),
+                                       client_output(proc, "stderr")), sampler
+
+
+def client_output(proc: subprocess.Popen, which: str) -> str:
+    f = proc.output_files[which]
+    f.seek(0)
+    return f.read()
 
 
 def window_figures(sampler: Sampler, first: float, last: float, answered: int) -> dict:
@@ -171,9 +205,14 @@ def gpuproof_fixed(url: str, rate: float, seconds: float) -> dict:
                              url)
     if cp.returncode != 0:
         raise RuntimeError(f"loadgen failed: {cp.stderr[-2000:]}")
+    return gpuproof_row(cp, sampler)
+
+
+def gpuproof_row(cp: subprocess.CompletedProcess, sampler: Sampler) -> dict:
     (s,) = json.loads(cp.stdout.splitlines()[-1])["steps"]
     keys = ("served_rps", "sent_rps", "offered_rps", "completion_rps", "ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms",
-            "output_tokens_per_s", "mean_output_tokens", "ok", "requests", "client_cpu_per_request_ms")
+            "output_tokens_per_s", "mean_output_tokens", "ok", "requests", "client_cpu_per_request_ms",
+            "first_send_epoch", "last_answer_epoch")
     row = {k: s[k] for k in keys}
     row["own_cpu_per_request_ms"] = row.pop("client_cpu_per_request_ms")   # loadgen's own figure (step window)
     return {**row, **window_figures(sampler, s["first_send_epoch"], s["last_answer_epoch"], s["ok"])}
@@ -190,6 +229,65 @@ def aiperf_fixed(exe: Path, tokenizer: Path, url: str, rate: float, seconds: flo
     s = aiperf_client.summary(art)
     return {**s, "offered_rps": rate,
             **window_figures(sampler, s["first_send_epoch"], s["last_answer_epoch"], int(s["requests"] or 0))}
+
+
+def first_arrival(url: str, before: int, proc: subprocess.Popen, timeout: float = 300) -> float:
+    """The Unix time the server received its next request after ``before`` (AIPerf's first), read
+    from the server's arrival counter every 10 ms: AIPerf starts a dozen processes and loads its
+    tokenizer first, and says nowhere when its schedule began."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = server_requests(url)
+        if n is not None and n > before:
+            return time.time()
+        if proc.poll() is not None:
+            raise RuntimeError(f"aiperf exited before sending: {client_output(proc, 'stderr')[-2000:]}")
+        threading.Event().wait(0.01)   # polling the server's counter for AIPerf's first request, with a deadline
+    raise TimeoutError(f"AIPerf sent nothing in {timeout:.0f} s")
+
+
+LOADGEN_START_S = 8.0   # loadgen's start-up before its first step can begin, with room (locust, 512 users)
+
+
+def together(exe: Path, tokenizer: Path, url: str, rate: float, count: int, tmp: str) -> tuple[dict, dict]:
+    """Both clients at once, each at half of ``rate`` with constant arrivals, gpuproof's schedule
+    half a period after AIPerf's: the server sees one constant stream at ``rate``, and the two
+    clients' requests alternate in it, so whatever the server's speed does meets both alike. Each
+    sends ``count`` requests; AIPerf's first few (until loadgen has started, ``LOADGEN_START_S``)
+    and gpuproof's last as many run at half the load, one end each."""
+    each = rate / 2
+    period = 1.0 / each
+    art = Path(tempfile.mkdtemp(prefix="aiperf-", dir=tmp))
+    before = server_requests(url) or 0
+    a_cmd = aiperf_client.command(exe, url, "gpuproof-llm", tokenizer, art, rate=each, count=count,
+                                  input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS)
+    a_proc, a_sampler = start_client(a_cmd, url, env=aiperf_client.env())
+    try:
+        t_a = first_arrival(url, before, a_proc)
+    except BaseException:
+        a_proc.terminate()
+        finish_client(a_cmd, a_proc, a_sampler)
+        raise
+    k = math.ceil((time.time() + LOADGEN_START_S - t_a - period / 2) / period)
+    start = t_a + k * period + period / 2
+    g_cmd = loadgen_cmd(url, "--rates", f"{each:g}", "--step-s", f"{count / each:g}", "--drain-s", "600",
+                        "--start-epoch", f"{start:.3f}")
+    g_cp, g_sampler = run_client(g_cmd, url)
+    a_cp, _ = finish_client(a_cmd, a_proc, a_sampler)
+    if a_cp.returncode != 0:
+        raise RuntimeError(f"aiperf failed: {(a_cp.stdout + a_cp.stderr)[-2000:]}")
+    if g_cp.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {g_cp.stderr[-2000:]}")
+    g = gpuproof_row(g_cp, g_sampler)
+    a = aiperf_client.summary(art)
+    a = {**a, "offered_rps": each,
+         **window_figures(a_sampler, a["first_send_epoch"], a["last_answer_epoch"], int(a["requests"] or 0))}
+    # how far gpuproof's first send was from half a period after one of AIPerf's (AIPerf's first
+    # send is read from its own records, not the counter)
+    off = (g["first_send_epoch"] - a["first_send_epoch"]) % period
+    g["phase_of_period"] = off / period
+    a["phase_of_period"] = 0.0
+    return g, a
 
 
 def search(url: str) -> dict:
@@ -267,8 +365,11 @@ def main() -> int:
                         "server)")
     p.add_argument("--over-requests", type=int, default=60,
                    help="requests per client at the high load at least (default 60)")
+    p.add_argument("--under-mode", choices=("together", "slices"), default="together",
+                   help="the low load: both clients at once, each at half the rate, their requests alternating "
+                        "(default), or one after the other in --under-slices slices")
     p.add_argument("--under-slices", type=int, default=2,
-                   help="alternating slices per client at the low load (default 2: ABAB)")
+                   help="with --under-mode slices: alternating slices per client (default 2: ABAB)")
     p.add_argument("--server-cpus", default="1", help="CPUs the server is pinned to (default 1; '' = none)")
     p.add_argument("--client-cpus", default="0", help="CPUs the clients are pinned to (default 0; '' = none)")
     p.add_argument("--server-nice", type=int, default=0,
@@ -314,7 +415,8 @@ def main() -> int:
                 under_s = max(args.under_s, args.under_requests / rates["under"]) / args.under_slices
                 runs = [("over", 0, "aiperf", over_s), ("over", 0, "gpuproof", over_s)]
                 order = ("gpuproof", "aiperf") if rnd % 2 == 0 else ("aiperf", "gpuproof")
-                runs += [("under", k, client, under_s) for k in range(args.under_slices) for client in order]
+                if args.under_mode == "slices":
+                    runs += [("under", k, client, under_s) for k in range(args.under_slices) for client in order]
                 for load, k, client, seconds in runs:
                     if client == "gpuproof":
                         fig = gpuproof_fixed(url, rates[load], seconds)
@@ -324,6 +426,14 @@ def main() -> int:
                            "load_avg_1m": os.getloadavg()[0], **fig}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                if args.under_mode == "together":
+                    count = max(args.under_requests, math.ceil(args.under_s * rates["under"] / 2))
+                    g, a = together(exe, tokenizer, url, rates["under"], count, tmp)
+                    for client, fig in (("gpuproof", g), ("aiperf", a)):
+                        row = {"round": rnd, "part": "under", "slice": 0, "client": client, "rate": rates["under"],
+                               "mode": "together", "load_avg_1m": os.getloadavg()[0], **fig}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
         finally:
             server.terminate()
             server.wait(timeout=60)

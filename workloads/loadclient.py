@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import os
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from statistics import fmean as mean
 
 CPU_SATURATION = 0.90   # share of the usable CPU at which a load process counts as saturated
@@ -42,6 +42,7 @@ FLAT_FACTOR = 2.0       # server latency p50 within this factor of the idle late
 FLAT_SLACK_MS = 20.0    # ... plus this much, so that millisecond jitter on a fast endpoint is flat too
 HEADROOM = 0.7          # size workers to run at most this share of their per-core rate at the target
 MAX_WORKERS = 16
+LATE_ANSWERS = 8       # answers the last quarter needs before its rate is read (fewer: the count alone judges)
 PACE_SLACK = 2          # answers a step's pace window may be short by whatever the rate (those at its edges)
 
 
@@ -241,7 +242,16 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     and an average over a quarter of the window smooths that swing while a real backlog, which
     grows all the time, still shows. The step is behind when that growth plus the sends it owed
     exceed ``slack``: ``PACE_SLACK`` requests, or ``tolerance`` of the window's offer when more.
-    ``completion_rps`` is the answers counted in the window."""
+    ``completion_rps`` is the answers counted in the window.
+
+    A continuous-batching server gets faster as its batch fills (one decode step serves every running
+    request), so near its capacity a step starting from an empty queue takes long to settle: the number
+    in flight rises while the server speeds up towards a balance, and a finite window reads that as
+    growth. ``late_rps``, the rate of the answers in the last quarter of the sending (where the batch is
+    fullest), timed from the first to the last of them so no edge is counted, tells the two apart: a
+    step whose queue grew but whose late answers came as fast as the offer (within ``tolerance``) with
+    the sends on time was filling its batch, and keeps pace; an overloaded server's late answers come at
+    its own, lower rate. It also tells the search what the server can complete at most."""
     mid, end = t0 + span / 2, t0 + span
 
     def in_flight(t):
@@ -260,9 +270,13 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     owed = max(0.0, expected - (bisect_right(sends, end) - bisect_right(sends, mid)) - 1)
     slack = max(PACE_SLACK, tolerance * expected)
     shortfall = growth + owed
+    late = answered[bisect_left(answered, end - span / 4):bisect_right(answered, end)]
+    late_rps = (len(late) - 1) / (late[-1] - late[0]) if len(late) >= LATE_ANSWERS and late[-1] > late[0] else None
+    caught_up = late_rps is not None and late_rps >= rate * (1 - tolerance) and owed <= slack
     return {"window_s": window, "completion_rps": done / window, "in_flight_mid": round(lvl_mid, 1),
-            "in_flight_end": round(lvl_end, 1), "queue_growth": round(growth),
-            "keeps_pace": shortfall <= slack, "shortfall": shortfall, "slack": slack}
+            "in_flight_end": round(lvl_end, 1), "queue_growth": round(growth), "late_rps": late_rps,
+            "caught_up": shortfall > slack and caught_up,
+            "keeps_pace": shortfall <= slack or caught_up, "shortfall": shortfall, "slack": slack}
 
 
 def classify(step: dict, threshold: float) -> tuple[str, str]:

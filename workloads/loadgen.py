@@ -16,14 +16,17 @@ waits for the answers (at most ``--drain-s``). Each step records four rates
   request throughput. Past saturation it is what the server served, not what was offered;
 - ``completion_rps``: answers per second over the second half of the sending, and
   ``queue_growth``: how many more requests were in flight at its end than at its start (each
-  level averaged over a quarter of that half: ``loadclient.pace``).
+  level averaged over a quarter of that half: ``loadclient.pace``);
+- ``late_rps``: the answers' rate over the last quarter of the sending, timed from the first to
+  the last of them, where a continuous-batching server's batch is fullest.
 
 A step **passes** when the server kept pace and met the SLOs: its completions over the
 second half fell short of the offered rate by no more than ``--rate-tolerance`` (or 2
-requests; the queue did not grow), at least ``--slo-attainment`` of its requests met every
-SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``) and no more than ``--max-error-rate`` failed.
-A step whose completions fall behind its sends is overloaded even with no errors and every
-SLO met inside it. Why the second half: by then the first answers are back, so a server
+requests; the queue did not grow, or it grew while the server filled its batch and its late
+answers came as fast as the offer: ``late_rps`` within the tolerance), at least
+``--slo-attainment`` of its requests met every SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``)
+and no more than ``--max-error-rate`` failed. A step whose completions fall behind its sends
+is overloaded even with no errors and every SLO met inside it. Why the second half: by then the first answers are back, so a server
 that keeps up holds a steady number of requests in flight while one that cannot lets them
 pile up by (offered - served) per second. For that the step must last several times the
 server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
@@ -128,6 +131,7 @@ THROUGHPUTS = {
     "sent_rps": "requests sent / the sending span (the client keeping its schedule)",
     "served_rps": "answered requests / first request sent to last answer received (AIPerf's request throughput)",
     "completion_rps": "answers per second over the second half of the sending (the server keeping pace)",
+    "late_rps": "answers per second over the last quarter of the sending, first to last answer (a full batch)",
 }
 EPOCH_OFFSET = time.time() - time.perf_counter()   # perf_counter -> Unix time, for the records
 
@@ -312,7 +316,8 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         "served_rps": len(ok) / served_span if served_span else 0.0,
         "first_send_epoch": first_send + EPOCH_OFFSET,
         "last_answer_epoch": answered[-1] + EPOCH_OFFSET if answered else None,
-        **{k: kept[k] for k in ("completion_rps", "queue_growth", "in_flight_mid", "in_flight_end")},
+        **{k: kept[k] for k in ("completion_rps", "queue_growth", "in_flight_mid", "in_flight_end", "late_rps",
+                                "caught_up")},
         "pace_window_s": kept["window_s"],
         "fill_latency_s": fill,
         "pace_judged": judged,
@@ -440,7 +445,7 @@ class LocalSender:
     def run_step(self, idx: int, rate: float, step_s: float) -> dict:
         a = self.args
         cpu0, w0 = _cpu_s(), time.perf_counter()
-        t0, recs = _run_share(idx, rate, step_s, a.drain_s, lead_s=0.05)
+        t0, recs = _run_share(idx, rate, step_s, a.drain_s, lead_s=_lead(a, idx, 0.05))
         cpu1, w1 = _cpu_s(), time.perf_counter()
         return {"t0": t0, "n": max(1, round(rate * step_s)), "records": recs, "wall_s": w1 - w0,
                 "processes": [_proc("local", 0, cpu1 - cpu0, w1 - w0, self.cores, recs)], "missing": []}
@@ -550,7 +555,7 @@ class MasterSender:
         self.all_in.clear()
         self.expect = (idx, set(ids))
         cpu0, w0 = _cpu_s(), time.perf_counter()
-        lead = 0.25
+        lead = _lead(a, idx, 0.25)
         t0 = time.perf_counter() + lead
         for i, cid in enumerate(ids):
             self.runner.send_message("gp_step", {"step": idx, "rate": rate, "step_s": step_s, "drain_s": a.drain_s,
@@ -733,6 +738,9 @@ def build_parser():
     p.add_argument("--step-s", type=float, default=15.0,
                    help=f"seconds of sending per step at least (default 15; longer when {PACE_FACTOR:g}x the server's "
                         "latency is longer, so that a growing queue shows)")
+    p.add_argument("--start-epoch", type=float, default=0.0,
+                   help="send the first step's first request at this Unix time (its schedule runs from there), "
+                        "to interleave with another client's constant schedule (default: at once)")
     p.add_argument("--pace-answers", type=int, default=PACE_ANSWERS,
                    help=f"a search step sends long enough for its second half to hold this many answers at the "
                         f"offered rate (default {PACE_ANSWERS}: the answers at the window's edges are then within 5%%; "
@@ -928,7 +936,9 @@ class Runner:
         srv = row["server"] or {}
         common.log(f"step {idx}: offered {rate:g} req/s for {step_s:g}s, sent {row['sent_rps']:.3g}, served "
                    f"{row['served_rps']:.3g} (completions {row['completion_rps']:.3g} in the second half, queue "
-                   f"{row['queue_growth']:+d}), TTFT p99 {row['ttft_p99_ms'] or 0:.0f} ms, TPOT p99 "
+                   f"{row['queue_growth']:+d}" + (f", late {row['late_rps']:.3g}" if row.get('late_rps') else "")
+                   + (": batch filling, caught up" if row.get("caught_up") else "") + "), "
+                   f"TTFT p99 {row['ttft_p99_ms'] or 0:.0f} ms, TPOT p99 "
                    f"{row['tpot_p99_ms'] or 0:.1f} ms, {row['output_tokens_per_s']:.0f} tok/s, client CPU "
                    f"{row['client_cpu'] or 0:.0%} ({len(senders)} sender(s), "
                    f"{row['client_cpu_per_request_ms'] or 0:.2f} ms/request), lag p95 "
@@ -942,7 +952,7 @@ class Runner:
     def ceiling(self, failing: dict) -> float:
         """The lowest rate known to fail: the failing step's or, when it failed because the server fell
         behind, just above what the server completed there (it cannot sustain more than it serves)."""
-        f, c = failing["offered_rps"], failing.get("completion_rps")
+        f, c = failing["offered_rps"], _served_at_most(failing)
         return min(f, c * (1 + self.args.rate_tolerance)) if failing.get("keeps_pace") is False and c else f
 
     def next_probe(self, passing: float | None, failing: dict, top: float) -> float | None:
@@ -951,7 +961,7 @@ class Runner:
         the geometric middle of the bracket."""
         a = self.args
         tried = {s["offered_rps"] for s in self.steps}
-        c = failing.get("completion_rps")
+        c = _served_at_most(failing)
         if failing.get("keeps_pace") is not True and c and c < failing["offered_rps"]:
             guess = _round(c * (1 - a.rate_tolerance / 2))
             if (passing or 0.0) < guess < top and guess not in tried:
@@ -1004,6 +1014,22 @@ class Runner:
             else:
                 failing = s
         return passing, failing
+
+
+def _lead(args, idx: int, default: float) -> float:
+    """Seconds from now to the step's first send: ``default``, or for the first step until
+    ``--start-epoch`` (when that is later)."""
+    if idx == 0 and args.start_epoch:
+        return max(default, args.start_epoch - time.time())
+    return default
+
+
+def _served_at_most(step: dict) -> float | None:
+    """What an overloaded step's server completed at its fastest: the late answers' rate (a full batch)
+    where there were enough of them, else the second half's completions (a batch still filling there
+    reads low: the search then probes below what the server sustains)."""
+    late, c = step.get("late_rps"), step.get("completion_rps")
+    return max(late, c or 0.0) if late else c
 
 
 def _check_port(host: str, port: int) -> str | None:
@@ -1145,7 +1171,7 @@ def main(argv: list[str] | None = None) -> int:
     cap_step = next((s for s in run.steps if s["offered_rps"] == passing and s["slo_met"] and s["valid"]), None)
     invalid = [s["step"] for s in run.steps if not s["valid"]]
     # what the server completed while over capacity: its service rate, whatever was offered
-    overloaded = [s["completion_rps"] for s in run.steps if s["valid"] and s.get("keeps_pace") is False]
+    overloaded = [_served_at_most(s) for s in run.steps if s["valid"] and s.get("keeps_pace") is False]
     result = common.base_result("loadgen")
     result.update(
         url=base, model=model, mode=mode, rates=rates, ramp_factor=args.ramp_factor,

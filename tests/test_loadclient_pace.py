@@ -1,0 +1,52 @@
+"""The pace rule (``loadclient.pace``) on send and answer times written out by hand.
+
+A continuous-batching server near its capacity, started from an empty queue, lets the number in
+flight rise while its batch fills and it speeds up; that is not overload when its late answers
+come as fast as the offer. An overloaded server's late answers come at its own, lower rate."""
+
+from gpuproof.bench.workloads import import_workload
+
+lc = import_workload("loadclient")
+
+RATE, SPAN = 2.0, 60.0          # 2 req/s for 60 s: 120 sends
+
+
+def _times(service):
+    """Sends every 0.5 s from t=0; request i answered at service(i). Returns (sends, ended, answered)."""
+    sends = [i / RATE for i in range(int(RATE * SPAN))]
+    answered = sorted(service(i, t) for i, t in enumerate(sends))
+    return sends, answered, answered
+
+
+def test_steady_server_keeps_pace():
+    sends, ended, answered = _times(lambda i, t: t + 3.0)
+    got = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
+    assert got["keeps_pace"] is True and got["caught_up"] is False
+    assert abs(got["late_rps"] - RATE) < 0.01
+
+
+def test_batch_filling_server_caught_up_keeps_pace():
+    # latency grows from 3 s to 8 s over the first 45 s (the batch filling), then holds: in flight
+    # rises through the judged half, but the last quarter's answers come at the offered rate
+    sends, ended, answered = _times(lambda i, t: t + 3.0 + 5.0 * min(t, 40.0) / 40.0)
+    got = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
+    assert got["queue_growth"] > got["slack"], got          # the count alone would call it behind
+    assert got["late_rps"] >= RATE * 0.95
+    assert got["keeps_pace"] is True and got["caught_up"] is True
+
+
+def test_overloaded_server_is_behind_even_late():
+    # the server completes 1.6 req/s whatever is offered: its queue grows all the time
+    sends, ended, answered = _times(lambda i, t: 2.0 + i / 1.6)
+    got = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
+    assert got["keeps_pace"] is False and got["caught_up"] is False
+    assert abs(got["late_rps"] - 1.6) < 0.02
+    assert got["queue_growth"] > 0
+
+
+def test_few_late_answers_leave_the_count_to_judge():
+    # 0.2 req/s: the last quarter holds 3 answers, too few for a rate
+    sends = [i * 5.0 for i in range(12)]
+    answered = [t + 1.0 for t in sends]
+    got = lc.pace(sends, answered, answered, 0.0, SPAN, 0.2, 0.05)
+    assert got["late_rps"] is None and got["keeps_pace"] is True
