@@ -50,3 +50,22 @@ def test_few_late_answers_leave_the_count_to_judge():
     answered = [t + 1.0 for t in sends]
     got = lc.pace(sends, answered, answered, 0.0, SPAN, 0.2, 0.05)
     assert got["late_rps"] is None and got["keeps_pace"] is True
+
+
+def test_growth_inside_the_batch_slots_is_not_a_queue():
+    # latency grows from 3 s to 7 s over the step: in flight rises from 6 to 14, every one of them
+    # inside a 16-slot batch (served at once), and the server is still speeding up at the end
+    sends, ended, answered = _times(lambda i, t: t + 3.0 + 4.0 * t / SPAN)
+    counted = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
+    batched = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=16)
+    assert counted["queue_growth"] > counted["slack"] and counted["caught_up"] is False
+    assert counted["keeps_pace"] is False, "counting every request in flight, it is behind"
+    assert batched["queue_growth"] == 0 and batched["keeps_pace"] is True
+    assert batched["queue_counts"] == "in flight beyond the server's 16 batch slots"
+
+
+def test_a_queue_beyond_the_batch_slots_is_behind():
+    # the server completes 1.6 req/s with 8 slots: in flight passes 8 early and its queue grows
+    sends, ended, answered = _times(lambda i, t: 2.0 + i / 1.6)
+    got = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=8)
+    assert got["keeps_pace"] is False and got["queue_growth"] > got["slack"]

@@ -66,3 +66,31 @@ def test_the_longest_rule_wins_and_says_so():
     assert step_lengths(case("--step-s", "20", rate=4.0, steps=kept), case("--step-s", "20", rate=0.5, steps=kept)) \
         == [(120.0, "4 x the median latency 30s of an earlier step"),
             (160.0, "40 answers in the judged half at 0.5 req/s")]
+
+
+LEAD_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import loadgen
+now = time.time()
+args = loadgen.build_parser().parse_args(["--url", "http://127.0.0.1:9", "--start-epoch", str(now + 30)])
+plain = loadgen.build_parser().parse_args(["--url", "http://127.0.0.1:9"])
+late = loadgen.build_parser().parse_args(["--url", "http://127.0.0.1:9", "--start-epoch", str(now - 5)])
+print(json.dumps({"first": loadgen._lead(args, 0, 0.05), "second": loadgen._lead(args, 1, 0.05),
+                  "plain": loadgen._lead(plain, 0, 0.05), "past": loadgen._lead(late, 0, 0.25),
+                  "filling": loadgen._served_at_most({"completion_rps": 1.5, "late_rps": 1.66}),
+                  "few": loadgen._served_at_most({"completion_rps": 1.5, "late_rps": None})}))
+"""
+
+
+def test_start_epoch_sets_the_first_steps_first_send_and_late_answers_set_the_ceiling():
+    proc = subprocess.run([sys.executable, "-c", LEAD_CHILD, str(WORKLOADS_DIR)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert 25 < got["first"] <= 30, "the first step waits for --start-epoch"
+    assert got["second"] == 0.05 and got["plain"] == 0.05, "later steps, and runs without it, start at once"
+    assert got["past"] == 0.25, "a start already past starts at once"
+    # an overloaded step's server completes at most its late answers' rate (a full batch), not the
+    # second half's (a batch still filling)
+    assert got["filling"] == 1.66 and got["few"] == 1.5

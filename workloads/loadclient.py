@@ -229,7 +229,7 @@ def is_full(room: dict | None, threshold: float) -> bool:
 
 
 def pace(sends: list[float], ended: list[float], answered: list[float], t0: float, span: float,
-         rate: float, tolerance: float) -> dict:
+         rate: float, tolerance: float, slots: int | None = None) -> dict:
     """Whether the answers kept pace with the sends, over the second half of the sending.
 
     By then the requests of the first half have come back (loadgen makes a step last several
@@ -251,19 +251,27 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     fullest), timed from the first to the last of them so no edge is counted, tells the two apart: a
     step whose queue grew but whose late answers came as fast as the offer (within ``tolerance``) with
     the sends on time was filling its batch, and keeps pace; an overloaded server's late answers come at
-    its own, lower rate. It also tells the search what the server can complete at most."""
+    its own, lower rate. It also tells the search what the server can complete at most.
+
+    Where the server says how many requests it batches (``slots``: gpuproof's server's
+    ``max_batch``), the queue is what is in flight beyond them, the requests that wait: requests
+    joining a batch with free slots are served at once, and the server speeds up as they do, so
+    that growth is not a queue. An overloaded server fills its slots and then its queue grows."""
     mid, end = t0 + span / 2, t0 + span
 
     def in_flight(t):
         return bisect_right(sends, t) - bisect_right(ended, t)
 
-    def level(a, b, n=64):
-        return mean(in_flight(a + (b - a) * (i + 0.5) / n) for i in range(n))
+    def queued(t):
+        return max(0, in_flight(t) - slots) if slots else in_flight(t)
+
+    def level(a, b, count=in_flight, n=64):
+        return mean(count(a + (b - a) * (i + 0.5) / n) for i in range(n))
 
     window = end - mid
     quarter = window / 4
     lvl_mid, lvl_end = level(mid, mid + quarter), level(end - quarter, end)
-    growth = (lvl_end - lvl_mid) * window / (window - quarter)
+    growth = (level(end - quarter, end, queued) - level(mid, mid + quarter, queued)) * window / (window - quarter)
     done = bisect_right(answered, end) - bisect_right(answered, mid)
     expected = rate * window
     # sends behind the schedule, less the one a window of whole sends may hold more or fewer of
@@ -275,6 +283,7 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     caught_up = late_rps is not None and late_rps >= rate * (1 - tolerance) and owed <= slack
     return {"window_s": window, "completion_rps": done / window, "in_flight_mid": round(lvl_mid, 1),
             "in_flight_end": round(lvl_end, 1), "queue_growth": round(growth), "late_rps": late_rps,
+            "queue_counts": f"in flight beyond the server's {slots} batch slots" if slots else "in flight",
             "caught_up": shortfall > slack and caught_up,
             "keeps_pace": shortfall <= slack or caught_up, "shortfall": shortfall, "slack": slack}
 

@@ -15,8 +15,9 @@ waits for the answers (at most ``--drain-s``). Each step records four rates
 - ``served_rps``: answered requests / first request sent to last answer received, AIPerf's
   request throughput. Past saturation it is what the server served, not what was offered;
 - ``completion_rps``: answers per second over the second half of the sending, and
-  ``queue_growth``: how many more requests were in flight at its end than at its start (each
-  level averaged over a quarter of that half: ``loadclient.pace``);
+  ``queue_growth``: how many more requests were queued at its end than at its start (each
+  level averaged over a quarter of that half: ``loadclient.pace``): in flight, or where the
+  server reports its batch slots (gpuproof's server), in flight beyond them (``queue_counts``);
 - ``late_rps``: the answers' rate over the last quarter of the sending, timed from the first to
   the last of them, where a continuous-batching server's batch is fullest.
 
@@ -270,7 +271,8 @@ def server_side(m0: dict | None, m1: dict | None) -> dict | None:
     return out
 
 
-def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: list[dict], args) -> dict:
+def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: list[dict], args,
+               slots: int | None = None) -> dict:
     """The statistics of one step from its requests' records."""
     ok = [r for r in recs if r["ok"]]
     sends = sorted(r["sent"] for r in recs)
@@ -294,7 +296,7 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
     for r in recs:
         codes[str(r["code"])] = codes.get(str(r["code"]), 0) + 1
     out_tokens = sum(r["tokens"] for r in ok)
-    kept = loadclient.pace(sends, ended, answered, t0, span, rate, args.rate_tolerance)
+    kept = loadclient.pace(sends, ended, answered, t0, span, rate, args.rate_tolerance, slots)
     # how long the first answers took (those sent in the first quarter: little queue yet, even
     # when overloaded): the pace is judged only when its window starts after they came back
     early = [r["e2e_s"] for r in ok if r["sent"] <= t0 + span / 4]
@@ -317,7 +319,7 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
         "first_send_epoch": first_send + EPOCH_OFFSET,
         "last_answer_epoch": answered[-1] + EPOCH_OFFSET if answered else None,
         **{k: kept[k] for k in ("completion_rps", "queue_growth", "in_flight_mid", "in_flight_end", "late_rps",
-                                "caught_up")},
+                                "caught_up", "queue_counts")},
         "pace_window_s": kept["window_s"],
         "fill_latency_s": fill,
         "pace_judged": judged,
@@ -900,7 +902,7 @@ class Runner:
         m1 = server_metrics(self.base, a.metrics_path) if self.metrics_kind == "gpuproof" else None
         recs, n, procs = out["records"], out["n"], out["processes"]
         self.requests += len(recs)
-        row = step_stats(idx, rate, step_s, out["t0"], n, recs, a)
+        row = step_stats(idx, rate, step_s, out["t0"], n, recs, a, slots=(m0 or {}).get("max_batch"))
         senders = [p for p in procs if p["role"] != "master" and p.get("cpu") is not None]
         cpu_s = sum(p["cpu_s"] for p in senders)
         row.update(
