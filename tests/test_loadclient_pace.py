@@ -33,6 +33,8 @@ def test_batch_filling_server_caught_up_keeps_pace():
     assert got["queue_growth"] > got["slack"], got          # the count alone would call it behind
     assert got["late_rps"] >= RATE * 0.95
     assert got["keeps_pace"] is True and got["caught_up"] is True
+    slotted = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=16)
+    assert slotted["keeps_pace"] is True and slotted["queue_growth"] <= slotted["slack"], "all inside 16 slots"
 
 
 def test_overloaded_server_is_behind_even_late():
@@ -52,16 +54,26 @@ def test_few_late_answers_leave_the_count_to_judge():
     assert got["late_rps"] is None and got["keeps_pace"] is True
 
 
-def test_growth_inside_the_batch_slots_is_not_a_queue():
-    # latency grows from 3 s to 7 s over the step: in flight rises from 6 to 14, every one of them
-    # inside a 16-slot batch (served at once), and the server is still speeding up at the end
+def test_a_batch_still_filling_without_catching_up_is_behind_whatever_the_slots():
+    # latency grows from 3 s to 7 s over the step: in flight rises from 6 to 14, inside a 16-slot
+    # batch, but the late answers still come slower than the offer: nothing shows it will catch up
     sends, ended, answered = _times(lambda i, t: t + 3.0 + 4.0 * t / SPAN)
-    counted = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
-    batched = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=16)
-    assert counted["queue_growth"] > counted["slack"] and counted["caught_up"] is False
-    assert counted["keeps_pace"] is False, "counting every request in flight, it is behind"
-    assert batched["queue_growth"] == 0 and batched["keeps_pace"] is True
-    assert batched["queue_counts"] == "in flight beyond the server's 16 batch slots"
+    for slots in (None, 16):
+        got = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=slots)
+        assert got["in_flight_growth"] > got["slack"] and got["late_rps"] < RATE * 0.95
+        assert got["keeps_pace"] is False and got["caught_up"] is False
+    assert got["queue_growth"] == 0 and got["queue_counts"] == "in flight beyond the server's 16 batch slots"
+
+
+def test_caught_up_late_is_not_enough_when_the_queue_beyond_the_slots_grew():
+    # latency grows from 3 s to 12 s over the first 30 s, then holds: in flight passes 16 and keeps
+    # rising through most of the judged half, the last quarter's answers come at the offered rate
+    sends, ended, answered = _times(lambda i, t: t + 3.0 + 9.0 * min(t, 30.0) / 30.0)
+    plain = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05)
+    slotted = lc.pace(sends, ended, answered, 0.0, SPAN, RATE, 0.05, slots=16)
+    assert plain["late_rps"] >= RATE * 0.95 and plain["keeps_pace"] is True, "no slots known: the late answers judge"
+    assert slotted["queue_growth"] > slotted["slack"]
+    assert slotted["keeps_pace"] is False, "16 slots: requests waited, and more of them at the end"
 
 
 def test_a_queue_beyond_the_batch_slots_is_behind():

@@ -254,9 +254,12 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     its own, lower rate. It also tells the search what the server can complete at most.
 
     Where the server says how many requests it batches (``slots``: gpuproof's server's
-    ``max_batch``), the queue is what is in flight beyond them, the requests that wait: requests
-    joining a batch with free slots are served at once, and the server speeds up as they do, so
-    that growth is not a queue. An overloaded server fills its slots and then its queue grows."""
+    ``max_batch``), its queue (``queue_growth``) is what is in flight beyond them, the requests
+    that wait, and a step whose late answers caught up must also not have grown that queue:
+    requests joining a batch with free slots are served at once, an overloaded server fills its
+    slots and then its queue grows. Without ``slots`` the queue is everything in flight.
+    Completions keep pace either way: the in-flight count did not grow (``in_flight_growth``), or
+    the late answers came as fast as the offer."""
     mid, end = t0 + span / 2, t0 + span
 
     def in_flight(t):
@@ -271,18 +274,22 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     window = end - mid
     quarter = window / 4
     lvl_mid, lvl_end = level(mid, mid + quarter), level(end - quarter, end)
-    growth = (level(end - quarter, end, queued) - level(mid, mid + quarter, queued)) * window / (window - quarter)
+    scale = window / (window - quarter)
+    grew = (lvl_end - lvl_mid) * scale                                  # in flight
+    growth = (level(end - quarter, end, queued) - level(mid, mid + quarter, queued)) * scale   # the queue
     done = bisect_right(answered, end) - bisect_right(answered, mid)
     expected = rate * window
     # sends behind the schedule, less the one a window of whole sends may hold more or fewer of
     owed = max(0.0, expected - (bisect_right(sends, end) - bisect_right(sends, mid)) - 1)
     slack = max(PACE_SLACK, tolerance * expected)
-    shortfall = growth + owed
+    shortfall = grew + owed
     late = answered[bisect_left(answered, end - span / 4):bisect_right(answered, end)]
     late_rps = (len(late) - 1) / (late[-1] - late[0]) if len(late) >= LATE_ANSWERS and late[-1] > late[0] else None
-    caught_up = late_rps is not None and late_rps >= rate * (1 - tolerance) and owed <= slack
+    caught_up = (late_rps is not None and late_rps >= rate * (1 - tolerance) and owed <= slack
+                 and (not slots or growth + owed <= slack))
     return {"window_s": window, "completion_rps": done / window, "in_flight_mid": round(lvl_mid, 1),
-            "in_flight_end": round(lvl_end, 1), "queue_growth": round(growth), "late_rps": late_rps,
+            "in_flight_end": round(lvl_end, 1), "in_flight_growth": round(grew), "queue_growth": round(growth),
+            "late_rps": late_rps,
             "queue_counts": f"in flight beyond the server's {slots} batch slots" if slots else "in flight",
             "caught_up": shortfall > slack and caught_up,
             "keeps_pace": shortfall <= slack or caught_up, "shortfall": shortfall, "slack": slack}

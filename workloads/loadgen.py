@@ -23,8 +23,9 @@ waits for the answers (at most ``--drain-s``). Each step records four rates
 
 A step **passes** when the server kept pace and met the SLOs: its completions over the
 second half fell short of the offered rate by no more than ``--rate-tolerance`` (or 2
-requests; the queue did not grow, or it grew while the server filled its batch and its late
-answers came as fast as the offer: ``late_rps`` within the tolerance), at least
+requests; the number in flight did not grow, or it grew while the server filled its batch and
+its late answers came as fast as the offer: ``late_rps`` within the tolerance, with no more
+requests waiting beyond its batch slots where it reports them), at least
 ``--slo-attainment`` of its requests met every SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``)
 and no more than ``--max-error-rate`` failed. A step whose completions fall behind its sends
 is overloaded even with no errors and every SLO met inside it. Why the second half: by then the first answers are back, so a server
