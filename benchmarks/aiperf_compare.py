@@ -1,8 +1,8 @@
 """Figures: gpuproof's load client against NVIDIA's AIPerf on gpuproof's CPU inference server.
 
-One server for the whole run, warmed up with ``--warmup-s`` (120) seconds of load first: ``workloads/inference_server.py`` on the CPU, one torch thread,
+One server for the whole run: ``workloads/inference_server.py`` on the CPU, one torch thread,
 pinned to one core (``--server-cpus``), 6 layers x 768 (46M parameters, vocabulary 2048),
-16 batch slots. Both clients are pinned to the other core(s) (``--client-cpus``). Every
+16 batch slots, warmed up with ``--warmup-s`` (120) seconds of load before the first round. Both clients are pinned to the other core(s) (``--client-cpus``). Every
 request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
 
 Each round, in this order (the server's speed drifts on a shared VM by more than the targets
