@@ -248,7 +248,7 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     request), so near its capacity a step starting from an empty queue takes long to settle: the number
     in flight rises while the server speeds up towards a balance, and a finite window reads that as
     growth. ``late_rps``, the rate of the answers in the last quarter of the sending (where the batch is
-    fullest), timed from the first to the last of them so no edge is counted, tells the two apart: a
+    fullest: the lower of first-to-last and count-over-the-quarter), tells the two apart: a
     step whose queue grew but whose late answers came as fast as the offer (within ``tolerance``) with
     the sends on time was filling its batch, and keeps pace; an overloaded server's late answers come at
     its own, lower rate. It also tells the search what the server can complete at most.
@@ -284,7 +284,11 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     slack = max(PACE_SLACK, tolerance * expected)
     shortfall = grew + owed
     late = answered[bisect_left(answered, end - span / 4):bisect_right(answered, end)]
-    late_rps = (len(late) - 1) / (late[-1] - late[0]) if len(late) >= LATE_ANSWERS and late[-1] > late[0] else None
+    # two readings of that rate, the lower kept: first to last answer (no edge counted, but alike
+    # requests admitted together finish together, and a window that cuts such a cluster reads high)
+    # and the count over the quarter (off by the answers at its edges)
+    late_rps = (min((len(late) - 1) / (late[-1] - late[0]), len(late) / (span / 4))
+                if len(late) >= LATE_ANSWERS and late[-1] > late[0] else None)
     caught_up = (late_rps is not None and late_rps >= rate * (1 - tolerance) and owed <= slack
                  and (not slots or growth + owed <= slack))
     return {"window_s": window, "completion_rps": done / window, "in_flight_mid": round(lvl_mid, 1),
