@@ -2,8 +2,8 @@
 
 One server for the whole run: ``workloads/inference_server.py`` on the CPU, one torch thread,
 pinned to one core (``--server-cpus``), 6 layers x 768 (46M parameters, vocabulary 2048),
-16 batch slots, warmed up with ``--warmup-s`` (120) seconds of load before the first round. Both clients are pinned to the other core(s) (``--client-cpus``). Every
-request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
+16 batch slots, warmed up with ``--warmup-s`` (120) seconds of load before the first round.
+Both clients are pinned to the other core(s) (``--client-cpus``). Every request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
 
 Each round, in this order (the server's speed drifts on a shared VM by more than the targets
 between runs minutes apart, so what is compared runs back to back):
@@ -102,7 +102,7 @@ class Sampler(threading.Thread):
     def run(self):
         tick = 0
         while True:   # the server's counter once a second: each read costs it a request
-            self.rows.append((time.time(), tree_cpu_s(self.pid), server_ok(self.server) if tick % 5 == 0 else None))
+            self.rows.append((time.time(), tree_cpu_s(self.pid), server_count(self.server) if tick % 5 == 0 else None))
             tick += 1
             if self.done.wait(self.interval):   # the sampling period
                 return
@@ -119,10 +119,12 @@ class Sampler(threading.Thread):
         return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) if len(pts) > 1 and pts[-1][0] > pts[0][0] else None
 
 
-def server_ok(url: str) -> int | None:
+def server_count(url: str, key: str = "ok") -> int | None:
+    """One of the server's /metrics counters: ``ok`` (requests answered) or ``requests`` (received,
+    counted as each arrives)."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-            return json.loads(resp.read())["ok"]
+            return json.loads(resp.read())[key]
     except (OSError, ValueError, KeyError):
         return None
 
@@ -140,15 +142,6 @@ def placed(role: str):
         if nice:
             os.nice(nice)
     return place
-
-
-def server_requests(url: str) -> int | None:
-    """The server's count of requests received (counted as each arrives)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
-            return json.loads(resp.read())["requests"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def start_client(cmd: list[str], server: str, env: dict | None = None) -> tuple[subprocess.Popen, Sampler]:
@@ -204,12 +197,13 @@ def gpuproof_fixed(url: str, rate: float, seconds: float) -> dict:
     """One step of gpuproof's client at ``rate`` for ``seconds`` (the step is not lengthened: one step)."""
     cp, sampler = run_client(loadgen_cmd(url, "--rates", f"{rate:g}", "--step-s", f"{seconds:g}", "--drain-s", "600"),
                              url)
-    if cp.returncode != 0:
-        raise RuntimeError(f"loadgen failed: {cp.stderr[-2000:]}")
     return gpuproof_row(cp, sampler)
 
 
 def gpuproof_row(cp: subprocess.CompletedProcess, sampler: Sampler) -> dict:
+    """gpuproof's figures from one fixed-rate loadgen run, its CPU from ``sampler`` over the load phase."""
+    if cp.returncode != 0:
+        raise RuntimeError(f"loadgen failed: {cp.stderr[-2000:]}")
     (s,) = json.loads(cp.stdout.splitlines()[-1])["steps"]
     keys = ("served_rps", "sent_rps", "offered_rps", "completion_rps", "ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms",
             "output_tokens_per_s", "mean_output_tokens", "ok", "requests", "client_cpu_per_request_ms",
@@ -225,6 +219,11 @@ def aiperf_fixed(exe: Path, tokenizer: Path, url: str, rate: float, seconds: flo
     cp, sampler = run_client(aiperf_client.command(exe, url, "gpuproof-llm", tokenizer, art, rate=rate, count=count,
                                                    input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS),
                              url, env=aiperf_client.env())
+    return aiperf_row(cp, sampler, art, rate)
+
+
+def aiperf_row(cp: subprocess.CompletedProcess, sampler: Sampler, art: Path, rate: float) -> dict:
+    """AIPerf's figures from its exports in ``art``, its CPU from ``sampler`` over the load phase."""
     if cp.returncode != 0:
         raise RuntimeError(f"aiperf failed: {(cp.stdout + cp.stderr)[-2000:]}")
     s = aiperf_client.summary(art)
@@ -238,7 +237,7 @@ def first_arrival(url: str, before: int, proc: subprocess.Popen, timeout: float 
     tokenizer first, and says nowhere when its schedule began."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        n = server_requests(url)
+        n = server_count(url, "requests")
         if n is not None and n > before:
             return time.time()
         if proc.poll() is not None:
@@ -259,7 +258,7 @@ def together(exe: Path, tokenizer: Path, url: str, rate: float, count: int, tmp:
     each = rate / 2
     period = 1.0 / each
     art = Path(tempfile.mkdtemp(prefix="aiperf-", dir=tmp))
-    before = server_requests(url) or 0
+    before = server_count(url, "requests") or 0
     a_cmd = aiperf_client.command(exe, url, "gpuproof-llm", tokenizer, art, rate=each, count=count,
                                   input_tokens=INPUT_TOKENS, output_tokens=OUTPUT_TOKENS)
     a_proc, a_sampler = start_client(a_cmd, url, env=aiperf_client.env())
@@ -274,15 +273,8 @@ def together(exe: Path, tokenizer: Path, url: str, rate: float, count: int, tmp:
     g_cmd = loadgen_cmd(url, "--rates", f"{each:g}", "--step-s", f"{count / each:g}", "--drain-s", "600",
                         "--start-epoch", f"{start:.3f}")
     g_cp, g_sampler = run_client(g_cmd, url)
-    a_cp, _ = finish_client(a_cmd, a_proc, a_sampler)
-    if a_cp.returncode != 0:
-        raise RuntimeError(f"aiperf failed: {(a_cp.stdout + a_cp.stderr)[-2000:]}")
-    if g_cp.returncode != 0:
-        raise RuntimeError(f"loadgen failed: {g_cp.stderr[-2000:]}")
+    a = aiperf_row(*finish_client(a_cmd, a_proc, a_sampler), art, each)
     g = gpuproof_row(g_cp, g_sampler)
-    a = aiperf_client.summary(art)
-    a = {**a, "offered_rps": each,
-         **window_figures(a_sampler, a["first_send_epoch"], a["last_answer_epoch"], int(a["requests"] or 0))}
     # how far gpuproof's first send was from half a period after one of AIPerf's (AIPerf's first
     # send is read from its own records, not the counter)
     off = (g["first_send_epoch"] - a["first_send_epoch"]) % period
@@ -303,8 +295,8 @@ def search(url: str) -> dict:
             "saturation_rps": r["saturation_rps"], "bound_by": r["bound_by"], "bound_reason": r["bound_reason"],
             "steps": [(s["offered_rps"], s["step_s"], s["slo_met"], s["valid"]) for s in r["steps"]],
             "step_details": [{k: s.get(k) for k in ("offered_rps", "step_s", "step_s_rule", "completion_rps",
-                                                     "queue_growth", "in_flight_mid", "in_flight_end", "late_rps", "caught_up",
-                                                     "queue_counts", "slo_attainment",
+                                                     "queue_growth", "in_flight_mid", "in_flight_end", "late_rps",
+                                                     "caught_up", "queue_counts", "slo_attainment",
                                                      "ttft_p99_ms", "fail_reasons")} for s in r["steps"]],
             "elapsed_s": r["elapsed_s"],
             "failing_engine_busy": srv.get("engine_busy"), "failing_forward_share": srv.get("forward_share_of_busy"),
@@ -327,7 +319,7 @@ def start_server(tmp: str) -> tuple[subprocess.Popen, str]:
     while time.monotonic() < deadline:
         if os.path.exists(pf) and open(pf).read().strip():
             url = f"http://127.0.0.1:{open(pf).read().strip()}"
-            if server_ok(url) is not None:
+            if server_count(url) is not None:
                 try:
                     with urllib.request.urlopen(url + "/health", timeout=5) as resp:
                         if resp.status == 200:
@@ -375,7 +367,7 @@ def main() -> int:
                    help="also run both clients at once at the high load, each at half of it (default: off; "
                         "AIPerf sends alone for the first LOADGEN_START_S seconds and gpuproof's client alone "
                         "at the end, and past saturation that moves each client's first-send-to-last-answer "
-                        "span by seconds: the fourth run read 1.12 between the two. The latencies at 50% "
+                        "span by seconds: the fourth run read 1.12 between the two. The latencies at 50%% "
                         "do not depend on that span)")
     p.add_argument("--under-mode", choices=("together", "slices"), default="together",
                    help="the low load: both clients at once, each at half the rate, their requests alternating "
@@ -408,21 +400,22 @@ def main() -> int:
            "kernel": platform.release(), "aiperf": aiperf_client.AIPERF_VERSION, "args": vars(args)}
     print(json.dumps({"env": env}), flush=True)
     rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
     with tempfile.TemporaryDirectory(prefix="gpuproof-aiperf-") as tmp:
         tokenizer = aiperf_client.build_tokenizer(exe, Path(tmp) / "tokenizer")
         server, url = start_server(tmp)
         try:
             if args.warmup_s > 0:
                 warm = gpuproof_fixed(url, args.warmup_rps, args.warmup_s)
-                row = {"part": "warmup", "round": -1, "rate": args.warmup_rps, "served_rps": warm["served_rps"],
-                       "e2e_p50_ms": warm["e2e_p50_ms"], "server_rps": warm["server_rps"]}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                emit({"part": "warmup", "round": -1, "rate": args.warmup_rps, "served_rps": warm["served_rps"],
+                      "e2e_p50_ms": warm["e2e_p50_ms"], "server_rps": warm["server_rps"]})
             for rnd in range(args.rounds):
                 found = search(url)
-                row = {"round": rnd, "part": "search", "load_avg_1m": os.getloadavg()[0], **found}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                emit({"round": rnd, "part": "search", "load_avg_1m": os.getloadavg()[0], **found})
                 # this round's capacity: the server's speed moves with a shared machine's load
                 base = found["capacity_rps"] or found["saturation_rps"]
                 rates = {"under": round(base * args.under, 2), "over": round(base * args.over, 2)}
@@ -440,10 +433,8 @@ def main() -> int:
                         fig = gpuproof_fixed(url, rates[load], seconds)
                     else:
                         fig = aiperf_fixed(exe, tokenizer, url, rates[load], seconds, tmp)
-                    row = {"round": rnd, "part": load, "slice": k, "client": client, "rate": rates[load],
-                           "load_avg_1m": os.getloadavg()[0], **fig}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    emit({"round": rnd, "part": load, "slice": k, "client": client, "rate": rates[load],
+                          "load_avg_1m": os.getloadavg()[0], **fig})
                 at_once = [("over-together", "over", args.over_requests, args.over_s)] if args.over_together else []
                 if args.under_mode == "together":
                     at_once.append(("under", "under", args.under_requests, args.under_s))
@@ -451,10 +442,8 @@ def main() -> int:
                     count = max(least, math.ceil(secs * rates[load] / 2))
                     g, a = together(exe, tokenizer, url, rates[load], count, tmp)
                     for client, fig in (("gpuproof", g), ("aiperf", a)):
-                        row = {"round": rnd, "part": part, "slice": 0, "client": client, "rate": rates[load],
-                               "mode": "together", "load_avg_1m": os.getloadavg()[0], **fig}
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
+                        emit({"round": rnd, "part": part, "slice": 0, "client": client, "rate": rates[load],
+                              "mode": "together", "load_avg_1m": os.getloadavg()[0], **fig})
         finally:
             server.terminate()
             server.wait(timeout=60)

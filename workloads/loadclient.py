@@ -266,7 +266,7 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
         return bisect_right(sends, t) - bisect_right(ended, t)
 
     def queued(t):
-        return max(0, in_flight(t) - slots) if slots else in_flight(t)
+        return max(0, in_flight(t) - slots)
 
     def level(a, b, count=in_flight, n=64):
         return mean(count(a + (b - a) * (i + 0.5) / n) for i in range(n))
@@ -276,7 +276,8 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
     lvl_mid, lvl_end = level(mid, mid + quarter), level(end - quarter, end)
     scale = window / (window - quarter)
     grew = (lvl_end - lvl_mid) * scale                                  # in flight
-    growth = (level(end - quarter, end, queued) - level(mid, mid + quarter, queued)) * scale   # the queue
+    growth = ((level(end - quarter, end, queued) - level(mid, mid + quarter, queued)) * scale if slots
+              else grew)                                                # the queue: beyond the slots, or all
     done = bisect_right(answered, end) - bisect_right(answered, mid)
     expected = rate * window
     # sends behind the schedule, less the one a window of whole sends may hold more or fewer of

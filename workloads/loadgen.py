@@ -18,8 +18,9 @@ waits for the answers (at most ``--drain-s``). Each step records four rates
   ``queue_growth``: how many more requests were queued at its end than at its start (each
   level averaged over a quarter of that half: ``loadclient.pace``): in flight, or where the
   server reports its batch slots (gpuproof's server), in flight beyond them (``queue_counts``);
-- ``late_rps``: the answers' rate over the last quarter of the sending, timed from the first to
-  the last of them, where a continuous-batching server's batch is fullest.
+- ``late_rps``: the answers' rate over the last quarter of the sending, where a
+  continuous-batching server's batch is fullest (the lower of first-to-last and the count
+  over the quarter: ``loadclient.pace``).
 
 A step **passes** when the server kept pace and met the SLOs: its completions over the
 second half fell short of the offered rate by no more than ``--rate-tolerance`` (or 2
@@ -28,9 +29,9 @@ its late answers came as fast as the offer: ``late_rps`` within the tolerance, w
 requests waiting beyond its batch slots where it reports them), at least
 ``--slo-attainment`` of its requests met every SLO (``--slo-ttft-ms``, ``--slo-tpot-ms``)
 and no more than ``--max-error-rate`` failed. A step whose completions fall behind its sends
-is overloaded even with no errors and every SLO met inside it. Why the second half: by then the first answers are back, so a server
-that keeps up holds a steady number of requests in flight while one that cannot lets them
-pile up by (offered - served) per second. For that the step must last several times the
+is overloaded even with no errors and every SLO met inside it. Why the second half: by then
+the first answers are back, so a server that keeps up holds a steady number of requests in
+flight while one that cannot lets them pile up by (offered - served) per second. For that the step must last several times the
 server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
 latency of the earlier steps that kept pace, whichever is longer, and in a search long enough
 for that half to hold ``--pace-answers`` (40) answers at the offered rate, so that the two
@@ -133,7 +134,7 @@ THROUGHPUTS = {
     "sent_rps": "requests sent / the sending span (the client keeping its schedule)",
     "served_rps": "answered requests / first request sent to last answer received (AIPerf's request throughput)",
     "completion_rps": "answers per second over the second half of the sending (the server keeping pace)",
-    "late_rps": "answers per second over the last quarter of the sending, first to last answer (a full batch)",
+    "late_rps": "answers per second over the last quarter of the sending (a full batch; loadclient.pace)",
 }
 EPOCH_OFFSET = time.time() - time.perf_counter()   # perf_counter -> Unix time, for the records
 

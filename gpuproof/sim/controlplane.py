@@ -79,6 +79,16 @@ def find_free_base(start: int = 20000, stop: int = 30000, step: int = 10) -> int
     raise ControlPlaneError(f"no six free ports found on 127.0.0.1 between {start} and {stop}")
 
 
+def _held_ports(base: int) -> list[str]:
+    """The cluster's ports on ``base`` that cannot be bound now, as 'port (component)'."""
+    return [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
+
+
+def _state(stat: str) -> str:
+    """The state letter of a /proc/<pid>/stat (or task stat) line: R, S, D, Z, X, ..."""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def _alive(pid: int, exe: str) -> bool:
     """True when pid runs and is the binary we started (guards against pid reuse)."""
     try:
@@ -86,8 +96,7 @@ def _alive(pid: int, exe: str) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state != "Z" and os.path.basename(cmdline) == os.path.basename(exe)
+    return _state(stat) != "Z" and os.path.basename(cmdline) == os.path.basename(exe)
 
 
 @dataclasses.dataclass
@@ -182,7 +191,7 @@ class SimCluster:
                 _wait_ports_released(base, progress)
 
         bins = binaries or _binaries.locate(progress=progress)
-        busy = [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
+        busy = _held_ports(base)
         if busy:
             raise ControlPlaneError(
                 f"port {', '.join(busy)} on 127.0.0.1 is in use by another process, so the embedded cluster "
@@ -511,7 +520,7 @@ def _threads_left(pid: int) -> bool:
         return False
     for tid in tasks:
         try:
-            state = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = _state(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
         except (OSError, IndexError):
             continue
         if state not in ("Z", "X"):
@@ -542,7 +551,7 @@ def _wait_ports_released(base: int, progress: Progress, within: float = 10.0) ->
     said = False
     delay = 0.02
     while time.monotonic() < deadline:
-        held = [f"{base + off} ({name})" for name, off in PORTS.items() if not port_free(base + off)]
+        held = _held_ports(base)
         if not held:
             return
         if not said:
