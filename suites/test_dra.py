@@ -363,8 +363,8 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
                   if (pool, dev) in devices)
     p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
                      "to finish (image pull included)")
-    seen = sorted(nvml_device_ids(workloads.parse_result(run.pod_logs("dra-probe"),
-                                                         what=f"probe pod dra-probe ({pod_outcome(p)})")))
+    seen = sorted(nvml_device_ids(workloads.pod_result(run, "dra-probe",
+                                                        what=f"probe pod dra-probe ({pod_outcome(p)})")))
     check.equal("dra-probe-uuid", want, seen, what="NVML UUIDs in the pod vs the claim's allocated device",
                 target=p.spec.node_name)
 

@@ -41,7 +41,9 @@ def test_health_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discov
         result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
                                       resource=resource, image=bench_checks.image(run), timeout=target.timeout(bench.timeout_s))
     except GpuproofError as exc:
-        check.true("health-pod", False, "the health pod finishes with a JSON result", str(exc).splitlines()[0],
+        lines = str(exc).splitlines()      # the first line says how the pod ended; then its log's last lines
+        check.true("health-pod", False, "the health pod finishes with a JSON result",
+                   " | ".join(lines[:1] + lines[-4:] if len(lines) > 5 else lines),
                    what=f"health workload pod ({resource} x {min(gpus, free)})")
         return
     if not result.get("items"):          # it stopped before reading anything (no GPU, no NVML, bad flags)

@@ -86,7 +86,8 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
     for command, (gpu, item, actual) in FAULTS.items():
         hits = [r for r in failed if r["check"] == item and f"GPU {gpu} ({ids[gpu]})" in r["message"]]
         assert hits, f"{command}: expected {item} to fail on a100-0 GPU {gpu} ({ids[gpu]}); failed: " + \
-            "; ".join(f"{r['check']}: {r['message'][:120]}" for r in failed)
+            "; ".join(f"{r['check']}: {r['message'] if r['check'] == 'health-pod' else r['message'][:120]}"
+                      for r in failed)
         assert actual in str(hits[0]["actual"]) and hits[0]["expected"], hits[0]
         assert f"a100-0: GPU {gpu} ({ids[gpu]}): {item}" in proc.stdout, f"the failure line names node and GPU"
     assert not [r for r in failed if f"GPU 3 ({ids[3]})" in r["message"]], "GPU 3 has no fault"

@@ -220,8 +220,8 @@ class Benchmark:
                               node=node, image=image, gpus=gpus, resource=resource)
         with applied(run, objs):
             run.wait_pod_done(name, timeout=timeout or self.timeout_s)
-            return wl.parse_result(run.pod_logs(name), what=f"{self.name} pod {run.namespace}/{name}"
-                                                             + (f" on {node}" if node else ""))
+            return wl.pod_result(run, name, what=f"{self.name} pod {run.namespace}/{name}"
+                                                + (f" on {node}" if node else ""))
 
     def pod_key(self, product: str, node: str | None) -> str:
         """What names the benchmark's pod: one per product (benchmarks that run on every node: per node)."""

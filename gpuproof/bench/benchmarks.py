@@ -188,7 +188,7 @@ class AllReduce(Benchmark):
         with applied(run, objs):
             pod = run.wait_pods(index0_done, timeout or self.timeout_s, f"the index-0 pod of Job {name} to finish",
                                 label_selector=f"{wl.WORKLOAD_LABEL}={name}")
-            return wl.parse_result(run.pod_logs(pod.metadata.name), what=f"all-reduce pod {pod.metadata.name}")
+            return wl.pod_result(run, pod.metadata.name, what=f"all-reduce pod {pod.metadata.name}")
 
 
 @register
@@ -452,8 +452,8 @@ class Inference(Benchmark):
                                                image=image)
                 with applied(run, [pod]):
                     run.wait_pod_done(pod["metadata"]["name"], timeout=600)
-                    cal = wl.parse_result(run.pod_logs(pod["metadata"]["name"]),
-                                          what="the load generator's calibration pod")
+                    cal = wl.pod_result(run, pod["metadata"]["name"],
+                                        what="the load generator's calibration pod")
                 if not cal.get("ok"):
                     raise GpuproofError(f"the load generator's calibration failed: {cal.get('error')}")
                 calibration, sizing = {**cal["calibration"], "in": "pod", "cores": cal.get("cores")}, cal["sizing"]
@@ -464,14 +464,14 @@ class Inference(Benchmark):
                                   labels=run.labels, namespace=run.namespace, image=image)
             with applied(run, [load]):
                 run.wait_pod_done(load["metadata"]["name"], timeout=timeout)
-                result = wl.parse_result(run.pod_logs(load["metadata"]["name"]), what="the load generator")
+                result = wl.pod_result(run, load["metadata"]["name"], what="the load generator")
         else:
             objs = loadpods.distributed_manifests(name, url, args, workers, labels=run.labels,
                                                   namespace=run.namespace, image=image)
             master = objs[1]["metadata"]["name"]
             with applied(run, objs):
                 run.wait_pod_done(master, timeout=timeout)
-                result = wl.parse_result(run.pod_logs(master), what=f"the locust master pod {master}")
+                result = wl.pod_result(run, master, what=f"the locust master pod {master}")
                 result.setdefault("load_client", {})["worker_pods"] = self._worker_pods(run, name, workers)
         result.setdefault("load_client", {}).update(calibration=calibration, sizing=sizing)
         return result
@@ -498,7 +498,7 @@ class Inference(Benchmark):
         for p in pods:
             try:
                 out.append({"pod": p.metadata.name, "node": p.spec.node_name,
-                            **wl.parse_result(run.pod_logs(p.metadata.name), what=f"worker pod {p.metadata.name}")})
+                            **wl.pod_result(run, p.metadata.name, what=f"worker pod {p.metadata.name}")})
             except GpuproofError as exc:
                 out.append({"pod": p.metadata.name, "ok": False, "error": str(exc)})
         return out

@@ -329,8 +329,8 @@ def _shell_quote(s: str) -> str:
 # ------------------------------------------------------------------ results
 
 
-def parse_result(logs: str, what: str = "workload") -> dict:
-    """The workload's result: the last line of ``logs`` that is a JSON object."""
+def last_json(logs: str) -> dict | None:
+    """The last line of ``logs`` that is a JSON object, or None."""
     for line in reversed((logs or "").splitlines()):
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
@@ -340,5 +340,23 @@ def parse_result(logs: str, what: str = "workload") -> dict:
                 continue
             if isinstance(value, dict):
                 return value
+    return None
+
+
+def parse_result(logs: str, what: str = "workload", ended: str = "") -> dict:
+    """The workload's result: the last line of ``logs`` that is a JSON object."""
+    value = last_json(logs)
+    if value is not None:
+        return value
     tail = "\n".join((logs or "").splitlines()[-15:]) or "(empty)"
-    raise GpuproofError(f"{what} printed no JSON result; last lines of its log:\n{tail}")
+    raise GpuproofError(f"{what} printed no JSON result" + (f" ({ended})" if ended else "")
+                        + f"; last lines of its log:\n{tail}")
+
+
+def pod_result(run, name: str, what: str, container: str | None = None) -> dict:
+    """The JSON result of a finished pod, read from its log once the log holds it (see
+    :meth:`gpuproof.cluster.api.Run.finished_log`); without one, the error says how the pod's container
+    ended and shows the log's last lines."""
+    logs = run.finished_log(name, lambda text: last_json(text) is not None, container)
+    value = last_json(logs)
+    return value if value is not None else parse_result(logs, what, ended=run.describe_exit(name))

@@ -39,6 +39,7 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
 OWNER = "gpuproof"
 NAMESPACE_PREFIX = "gpuproof-"
+LOG_SETTLE_S = 10.0         # seconds a finished pod's log is read again for the line its caller wants
 KUBELET_SILENCE = 60.0      # seconds a pod may sit bound to a node with no status from its kubelet
 # a container's waiting reasons that no retry of the kubelet ends: the image is not on the node and the pod may
 # not pull it (imagePullPolicy: Never), or its name is no image reference
@@ -254,6 +255,36 @@ class Run:
         resp = self.cluster.core.read_namespaced_pod_log(name, self.namespace, container=container,
                                                          _preload_content=False)
         return resp.data.decode("utf-8", "replace")
+
+    def finished_log(self, name: str, complete: Callable[[str], bool], container: str | None = None,
+                     settle: float | None = None) -> str:
+        """The log of a pod that has finished, once ``complete(log)`` holds, or as it is after ``settle`` seconds.
+        The runtime copies a container's output into its log on its own schedule: under load the last lines
+        (a workload's JSON result) can reach the log after the kubelet has reported the exit. A log has no
+        watch, so it is read again, at growing intervals, until it holds what the caller waits for."""
+        deadline = time.monotonic() + (LOG_SETTLE_S if settle is None else settle)
+        delay = 0.1
+        while True:
+            logs = self.pod_logs(name, container)
+            left = deadline - time.monotonic()
+            if complete(logs) or left <= 0:
+                return logs
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+
+    def describe_exit(self, name: str) -> str:
+        """How the pod's containers ended ('exit code 137 (OOMKilled)'), or its phase when none has."""
+        try:
+            pod = self.pod(name)
+        except Exception as exc:  # noqa: BLE001  (a description only: never hide the caller's error)
+            return f"pod unreadable: {_root_cause(exc)}"
+        ends = []
+        for cs in (pod.status.container_statuses or []) if pod.status else []:
+            t = cs.state.terminated if cs.state else None
+            if t is not None:
+                why = " ".join(x for x in (t.reason, t.message) if x)
+                ends.append(f"{cs.name}: exit code {t.exit_code}" + (f" ({why})" if why else ""))
+        return "; ".join(ends) or _describe_pod(pod)
 
     def wait_pods(self, done: Callable[[dict], Any], timeout: float, what: str,
                   describe: Callable[[dict], str] | None = None, label_selector: str | None = None) -> Any:

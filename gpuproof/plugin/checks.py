@@ -205,7 +205,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
                                          gpus=amount, resource=resource, node=node.name, image=image(run)))
     run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
                   target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
-    return [workloads.parse_result(run.pod_logs(n), what=f"probe pod {n}") for n in names]
+    return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
 
 
 def normalize_uuid(uuid, kind: str = "GPU") -> str:
