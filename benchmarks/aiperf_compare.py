@@ -8,8 +8,9 @@ Both clients are pinned to the other core(s) (``--client-cpus``). Every request 
 Each round, in this order (the server's speed drifts on a shared VM by more than the targets
 between runs minutes apart, so what is compared runs back to back):
 
-1. gpuproof's capacity search (``loadgen.py --rates 1:16``, TTFT SLO 2 s, TPOT SLO 1 s,
-   20 s steps at least, each long enough for loadgen's 40 answers in its judged half): its
+1. gpuproof's capacity search (``loadgen.py --rates S:16 --ramp-factor 1.5``, S = ``--search-start``
+   (0.75) x the last capacity seen, the warm-up's completion rate before round 1; TTFT SLO 2 s,
+   TPOT SLO 1 s, 20 s steps at least, each long enough for loadgen's 40 answers in its judged half): its
    capacity, the rate it completed there, and what the server's own /metrics said at the
    first failing step (busy, forward share, batch slots used, waiting) and at the capacity
    (overhead per request);
@@ -17,8 +18,9 @@ between runs minutes apart, so what is compared runs back to back):
    as long as ``--over-requests`` take at that rate), then gpuproof's client at the same
    rate: request throughput, answered requests / first request sent to last answer
    (AIPerf's definition; gpuproof's ``served_rps``), and the server's own completion rate
-   (its /metrics ``ok`` counter over the saturated middle of the run). The capacity is held
-   against the AIPerf run that follows it within seconds. ``--over-together`` also runs both
+   (its /metrics ``ok`` counter over the saturated middle of the run); then AIPerf again
+   (``--over-aba``): AIPerf's figure is the mean of its two runs, around gpuproof's. The capacity is
+   held against that mean and against the AIPerf run that follows the search within seconds. ``--over-together`` also runs both
    clients at once at that load, each at half of it (off by default: see its help);
 3. both clients at about 50% of the capacity (constant arrivals) **at once**, each at half
    that rate, gpuproof's schedule half a period after AIPerf's (``loadgen.py --start-epoch``,
@@ -283,15 +285,20 @@ def together(exe: Path, tokenizer: Path, url: str, rate: float, count: int, tmp:
     return g, a
 
 
-def search(url: str) -> dict:
-    cp, _ = run_client(loadgen_cmd(url, "--rates", "1:16", "--step-s", "20", "--drain-s", "300"), url)
+def search(url: str, start: float | None = None, ramp: float = 1.5) -> dict:
+    """gpuproof's capacity search. From ``start`` (the caller's estimate below the capacity) it ramps by
+    ``ramp``, so the steps sit near the capacity and the search takes minutes, not the 80 s of a first
+    step at 1 req/s plus the drain of an overload at 4; without one it ramps by 2 from 1 req/s."""
+    rates = ["--rates", f"{start:g}:16", "--ramp-factor", f"{ramp:g}"] if start else ["--rates", "1:16"]
+    cp, _ = run_client(loadgen_cmd(url, *rates, "--step-s", "20", "--drain-s", "300"), url)
     if cp.returncode != 0:
         raise RuntimeError(f"loadgen search failed: {cp.stderr[-2000:]}")
     r = json.loads(cp.stdout.splitlines()[-1])
     failing = next((s for s in r["steps"] if s["offered_rps"] == r["first_failing_rps"]), None) or {}
     srv, room = failing.get("server") or {}, failing.get("headroom") or {}
     cap = (r.get("at_capacity") or {})
-    return {"capacity_rps": r["capacity_rps"], "capacity_completion_rps": r["capacity_completion_rps"],
+    return {"start_rps": start, "capacity_rps": r["capacity_rps"],
+            "capacity_completion_rps": r["capacity_completion_rps"],
             "saturation_rps": r["saturation_rps"], "bound_by": r["bound_by"], "bound_reason": r["bound_reason"],
             "steps": [(s["offered_rps"], s["step_s"], s["slo_met"], s["valid"]) for s in r["steps"]],
             "step_details": [{k: s.get(k) for k in ("offered_rps", "step_s", "step_s_rule", "completion_rps",
@@ -369,6 +376,13 @@ def main() -> int:
                         "at the end, and past saturation that moves each client's first-send-to-last-answer "
                         "span by seconds: the fourth run read 1.12 between the two. The latencies at 50%% "
                         "do not depend on that span)")
+    p.add_argument("--search-start", type=float, default=0.75,
+                   help="the search starts at this x the last capacity seen (the warm-up's completion rate "
+                        "before round 1) and ramps by 1.5 (default 0.75; 0 = from 1 req/s, ramping by 2)")
+    p.add_argument("--over-aba", action=argparse.BooleanOptionalAction, default=True,
+                   help="at the high load, AIPerf runs before and after gpuproof's client (ABA) and its figure "
+                        "is the mean of the two: a server whose speed drifts steadily meets both clients alike "
+                        "(default on)")
     p.add_argument("--under-mode", choices=("together", "slices"), default="together",
                    help="the low load: both clients at once, each at half the rate, their requests alternating "
                         "(default), or one after the other in --under-slices slices")
@@ -409,15 +423,19 @@ def main() -> int:
         tokenizer = aiperf_client.build_tokenizer(exe, Path(tmp) / "tokenizer")
         server, url = start_server(tmp)
         try:
+            seen = None    # the last capacity seen: where the next search starts
             if args.warmup_s > 0:
                 warm = gpuproof_fixed(url, args.warmup_rps, args.warmup_s)
                 emit({"part": "warmup", "round": -1, "rate": args.warmup_rps, "served_rps": warm["served_rps"],
                       "e2e_p50_ms": warm["e2e_p50_ms"], "server_rps": warm["server_rps"]})
+                seen = min(args.warmup_rps, warm["server_rps"] or warm["served_rps"] or args.warmup_rps)
             for rnd in range(args.rounds):
-                found = search(url)
+                start = round(seen * args.search_start, 2) if seen and args.search_start > 0 else None
+                found = search(url, start)
                 emit({"round": rnd, "part": "search", "load_avg_1m": os.getloadavg()[0], **found})
                 # this round's capacity: the server's speed moves with a shared machine's load
                 base = found["capacity_rps"] or found["saturation_rps"]
+                seen = base
                 rates = {"under": round(base * args.under, 2), "over": round(base * args.over, 2)}
                 print(json.dumps({"round": rnd, "rates": rates, "from": base}), flush=True)
                 # the capacity against the AIPerf run that follows the search at once; gpuproof's client next
@@ -425,6 +443,8 @@ def main() -> int:
                 over_s = max(args.over_s, args.over_requests / rates["over"])
                 under_s = max(args.under_s, args.under_requests / rates["under"]) / args.under_slices
                 runs = [("over", 0, "aiperf", over_s), ("over", 0, "gpuproof", over_s)]
+                if args.over_aba:
+                    runs.append(("over", 1, "aiperf", over_s))
                 order = ("gpuproof", "aiperf") if rnd % 2 == 0 else ("aiperf", "gpuproof")
                 if args.under_mode == "slices":
                     runs += [("under", k, client, under_s) for k in range(args.under_slices) for client in order]
@@ -499,15 +519,25 @@ def report(rows: list[dict]) -> None:
             cells.append(f"{g:.4g} / {a:.4g} = {q:.3f}" if q is not None else "n/a")
         m = med(ratios)
         lines.append(f"| {name} | " + " | ".join(cells) + (f" | {m:.3f} |" if m is not None else " | n/a |"))
-    cap_cells, cap_ratios = [], []
-    for r in rounds:
-        s, a = pick(rows, r, "search"), pick(rows, r, "over", "aiperf")
-        q = ratio(s.get("capacity_rps"), a.get("served_rps"))
-        cap_ratios.append(q)
-        cap_cells.append(f"{s.get('capacity_rps')} / {a.get('served_rps') or 0:.4g} = {q:.3f}" if q else "n/a")
-    m = med(cap_ratios)
-    lines.append("| capacity search / AIPerf's throughput at 120% | " + " | ".join(cap_cells)
-                 + (f" | {m:.3f} |" if m is not None else " | n/a |"))
+    def after_search(r):   # AIPerf's run right after the search (the first of ABA)
+        return next((x for x in rows if x["round"] == r and x["part"] == "over" and x.get("client") == "aiperf"
+                     and x.get("slice", 0) == 0), {})
+
+    for label, key, against in (
+            ("capacity search / AIPerf's throughput at 120% (the mean of its runs)", "capacity_rps",
+             lambda r: pick(rows, r, "over", "aiperf")),
+            ("capacity search / AIPerf's throughput at 120% (its run right after the search)", "capacity_rps",
+             after_search),
+            ("the capacity's sustained completion rate / AIPerf's throughput at 120% (the mean)",
+             "capacity_completion_rps", lambda r: pick(rows, r, "over", "aiperf"))):
+        cap_cells, cap_ratios = [], []
+        for r in rounds:
+            s, a = pick(rows, r, "search"), against(r)
+            q = ratio(s.get(key), a.get("served_rps"))
+            cap_ratios.append(q)
+            cap_cells.append(f"{s.get(key) or 0:.3f} / {a.get('served_rps') or 0:.4g} = {q:.3f}" if q else "n/a")
+        m = med(cap_ratios)
+        lines.append(f"| {label} | " + " | ".join(cap_cells) + (f" | {m:.3f} |" if m is not None else " | n/a |"))
     srv_cells = []
     for r in rounds:
         g, a = pick(rows, r, "over", "gpuproof"), pick(rows, r, "over", "aiperf")
@@ -529,7 +559,7 @@ def report(rows: list[dict]) -> None:
     print("\nsearches:")
     for r in rounds:
         s = pick(rows, r, "search")
-        print(json.dumps({k: s.get(k) for k in ("capacity_rps", "capacity_completion_rps", "saturation_rps",
+        print(json.dumps({k: s.get(k) for k in ("start_rps", "capacity_rps", "capacity_completion_rps", "saturation_rps",
                                                  "bound_by", "steps", "elapsed_s", "failing_engine_busy",
                                                  "failing_forward_share", "failing_slots_used", "failing_waiting",
                                                  "failing_client_cpu", "capacity_slots_used", "capacity_engine_busy",
