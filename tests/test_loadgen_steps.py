@@ -94,3 +94,36 @@ def test_start_epoch_sets_the_first_steps_first_send_and_late_answers_set_the_ce
     # an overloaded step's server completes at most its late answers' rate (a full batch), not the
     # second half's (a batch still filling)
     assert got["filling"] == 1.66 and got["few"] == 1.5
+
+
+FILE_CHILD = r"""
+import json, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import loadgen
+path, bad, missing = sys.argv[2], sys.argv[3], sys.argv[4]
+when = time.time() + 20
+threading.Timer(0.3, lambda: open(path, "w").write(f"{when:.3f}")).start()   # written after loadgen waits
+args = loadgen.build_parser().parse_args(["--url", "http://127.0.0.1:9", "--start-epoch-file", path])
+out = {"lead": loadgen._lead(args, 0, 0.05), "epoch": args.start_epoch, "when": when}
+open(bad, "w").write("soon")
+for name, p, wait in (("bad", bad, 5.0), ("missing", missing, 0.2)):
+    try:
+        loadgen.start_epoch_from(p, wait)
+    except SystemExit as exc:
+        out[name] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_the_start_time_can_be_written_after_loadgen_has_started(tmp_path):
+    """``--start-epoch-file``: loadgen, started first, waits until the file holds a Unix time and starts its
+    first step then; a file without one, or none in time, ends it with one line saying so."""
+    start, bad, missing = tmp_path / "start", tmp_path / "bad", tmp_path / "never"
+    proc = subprocess.run([sys.executable, "-c", FILE_CHILD, str(WORKLOADS_DIR), str(start), str(bad), str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert abs(got["epoch"] - got["when"]) < 0.01, "the time read is the time written"
+    assert 15 < got["lead"] <= 20, "the first step waits until then"
+    assert got["bad"] == f"loadgen: --start-epoch-file {bad}: 'soon' is not a Unix time"
+    assert got["missing"] == f"loadgen: no start time in --start-epoch-file {missing} after 0 s"

@@ -745,6 +745,9 @@ def build_parser():
     p.add_argument("--start-epoch", type=float, default=0.0,
                    help="send the first step's first request at this Unix time (its schedule runs from there), "
                         "to interleave with another client's constant schedule (default: at once)")
+    p.add_argument("--start-epoch-file", default="",
+                   help="like --start-epoch, the Unix time read from this file, waiting (--wait-ready seconds "
+                        "at most) until something writes it there")
     p.add_argument("--pace-answers", type=int, default=PACE_ANSWERS,
                    help=f"a search step sends long enough for its second half to hold this many answers at the "
                         f"offered rate (default {PACE_ANSWERS}: the answers at the window's edges are then within 5%%; "
@@ -1022,10 +1025,32 @@ class Runner:
 
 def _lead(args, idx: int, default: float) -> float:
     """Seconds from now to the step's first send: ``default``, or for the first step until
-    ``--start-epoch`` (when that is later)."""
+    ``--start-epoch`` (when that is later), read from ``--start-epoch-file`` once it holds one."""
+    if idx == 0 and getattr(args, "start_epoch_file", ""):
+        args.start_epoch = start_epoch_from(args.start_epoch_file, args.wait_ready)
     if idx == 0 and args.start_epoch:
         return max(default, args.start_epoch - time.time())
     return default
+
+
+def start_epoch_from(path: str, timeout: float) -> float:
+    """The Unix time written into ``path`` by whoever starts this client, once it is there: a client
+    that takes seconds to start can then be started first and sent off at a moment decided later.
+    The file is read every 10 ms (a file has no watch here), for ``timeout`` seconds at most."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text:
+                return float(text)
+        except FileNotFoundError:
+            pass
+        except ValueError:
+            raise SystemExit(f"loadgen: --start-epoch-file {path}: {text!r} is not a Unix time")
+        if time.monotonic() >= deadline:
+            raise SystemExit(f"loadgen: no start time in --start-epoch-file {path} after {timeout:.0f} s")
+        time.sleep(0.01)
 
 
 def _served_at_most(step: dict) -> float | None:
