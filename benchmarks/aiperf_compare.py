@@ -280,7 +280,9 @@ def together(exe: Path, tokenizer: Path, url: str, rate: float, count: int, tmp:
             finish_client(cmd, proc, sampler)
         raise
     k = max(0, math.ceil((time.time() + 0.05 - t_a - period / 2) / period))
-    start_file.write_text(f"{t_a + k * period + period / 2:.3f}")
+    part = start_file.with_suffix(".part")            # renamed into place: loadgen never reads half a number
+    part.write_text(f"{t_a + k * period + period / 2:.3f}")
+    os.replace(part, start_file)
     g_cp, g_sampler = finish_client(g_cmd, g_proc, g_sampler)
     a = aiperf_row(*finish_client(a_cmd, a_proc, a_sampler), art, each)
     g = gpuproof_row(g_cp, g_sampler)
