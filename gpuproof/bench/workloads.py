@@ -343,14 +343,20 @@ def last_json(logs: str) -> dict | None:
     return None
 
 
-def parse_result(logs: str, what: str = "workload", ended: str = "") -> dict:
+def parse_result(logs: str, what: str = "workload") -> dict:
     """The workload's result: the last line of ``logs`` that is a JSON object."""
     value = last_json(logs)
-    if value is not None:
-        return value
+    if value is None:
+        raise no_result(logs, what)
+    return value
+
+
+def no_result(logs: str, what: str, ended: str = "") -> GpuproofError:
+    """The error for a workload that printed no JSON result: ``ended`` says how it ended, then the log's
+    last lines."""
     tail = "\n".join((logs or "").splitlines()[-15:]) or "(empty)"
-    raise GpuproofError(f"{what} printed no JSON result" + (f" ({ended})" if ended else "")
-                        + f"; last lines of its log:\n{tail}")
+    return GpuproofError(f"{what} printed no JSON result" + (f" ({ended})" if ended else "")
+                         + f"; last lines of its log:\n{tail}")
 
 
 def pod_result(run, name: str, what: str, container: str | None = None) -> dict:
@@ -359,4 +365,6 @@ def pod_result(run, name: str, what: str, container: str | None = None) -> dict:
     ended and shows the log's last lines."""
     logs = run.finished_log(name, lambda text: last_json(text) is not None, container)
     value = last_json(logs)
-    return value if value is not None else parse_result(logs, what, ended=run.describe_exit(name))
+    if value is None:
+        raise no_result(logs, what, ended=run.describe_exit(name))
+    return value
