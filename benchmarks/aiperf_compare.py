@@ -3,7 +3,8 @@
 One server for the whole run: ``workloads/inference_server.py`` on the CPU, one torch thread,
 pinned to one core (``--server-cpus``), 6 layers x 768 (46M parameters, vocabulary 2048),
 16 batch slots, warmed up with ``--warmup-s`` (120) seconds of load before the first round.
-Both clients are pinned to the other core(s) (``--client-cpus``). Every request is 128 words in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
+Both clients are pinned to the other core(s) (``--client-cpus``). Every request is 128 words
+in (one token each) and 64 tokens out (``ignore_eos`` + ``min_tokens``).
 
 Each round, in this order (the server's speed drifts on a shared VM by more than the targets
 between runs minutes apart, so what is compared runs back to back):
@@ -19,12 +20,14 @@ between runs minutes apart, so what is compared runs back to back):
    rate: request throughput, answered requests / first request sent to last answer
    (AIPerf's definition; gpuproof's ``served_rps``), and the server's own completion rate
    (its /metrics ``ok`` counter over the saturated middle of the run); then AIPerf again
-   (``--over-aba``): AIPerf's figure is the mean of its two runs, around gpuproof's. The capacity is
-   held against that mean and against the AIPerf run that follows the search within seconds. ``--over-together`` also runs both
-   clients at once at that load, each at half of it (off by default: see its help);
+   (``--over-aba``): AIPerf's figure is the mean of its two runs, around gpuproof's. The
+   capacity is held against that mean and against the AIPerf run that follows the search
+   within seconds. ``--over-together`` also runs both clients at once at that load, each at
+   half of it, started as at 50% below (off by default: see its help);
 3. both clients at about 50% of the capacity (constant arrivals) **at once**, each at half
-   that rate, gpuproof's schedule half a period after AIPerf's (``loadgen.py --start-epoch``,
-   from the moment the server counted AIPerf's first request): the server sees one constant
+   that rate, gpuproof's schedule half a period after AIPerf's (loadgen, started first, waits
+   for its start time in ``--start-epoch-file``, written the moment the server counts AIPerf's
+   first request): the server sees one constant
    stream, the two clients' requests alternate in it, and each client sends ``--under-requests``
    (60) at least: TTFT p50, TPOT p50, request latency p50, output tokens per request and per
    second, and each client's CPU per completed request. Why at once: on this server a request's
