@@ -245,6 +245,43 @@ def test_capacity_search_finds_a_known_service_rate(tmp_path):
     assert r["saturation_rps"] <= 10.0 + 2 / over["pace_window_s"]
 
 
+def test_a_search_that_starts_above_the_capacity_is_followed_down(tmp_path):
+    """``--search-start`` above what the queue serves (10 per second): the first step is that rate,
+    it fails as overload, and the next probe goes just below what the stub completed there, so the
+    capacity is found from above in a step or two, inside LO..HI."""
+    url, proc = start_process("loadstub.py", tmp_path, "--ttft-ms", "50", "--token-gap-ms", "5",
+                              "--service-rps", "10")
+    try:
+        r = loadgen(url, "--rates", "2:64", "--search-start", "24", "--step-s", "4", "--drain-s", "30",
+                    "--input-tokens", "16", "--output-tokens", "8", "--slo-ttft-ms", "60000", "--slo-tpot-ms",
+                    "60000", "--users", "64", "--metrics-path", "")
+    finally:
+        stop_process(proc)
+    rates = [s["offered_rps"] for s in r["steps"]]
+    assert r["search_start"]["rps"] == 24.0 and r["search_start"]["rule"] == "--search-start 24"
+    assert rates[0] == 24.0 and r["steps"][0]["keeps_pace"] is False, rates
+    assert rates[1] < r["steps"][0]["completion_rps"], rates
+    assert 8.0 <= r["capacity_rps"] <= 11.0 and r["bound_by"] == "server", (rates, r["bound_reason"])
+
+
+def test_auto_search_start_comes_from_the_batch_slots_and_one_requests_time(server):
+    """``--search-start auto`` against the real server: one request timed alone, the server's batch
+    slots from its /metrics, and the first step at a quarter of slots / that time (held inside the
+    range); the record says so."""
+    url, _ = server
+    wait_idle(url)
+    r = loadgen(url, "--rates", "0.5:64", "--search-start", "auto", "--max-steps", "1", "--step-s", "2",
+                "--pace-answers", "0", "--drain-s", "60", "--input-tokens", "16", "--output-tokens", "16",
+                "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000", "--users", "16")
+    start = r["search_start"]
+    e2e_s = start["idle_probe"]["e2e_ms"] / 1e3
+    want = min(64.0, max(0.5, 0.25 * 16 / e2e_s))
+    assert start["rps"] == pytest.approx(want, rel=0.01), start
+    assert start["rule"].startswith("auto: 0.25 x 16 batch slots / "), start["rule"]
+    assert r["steps"][0]["offered_rps"] == start["rps"]
+    assert f"search starts at {start['rps']:g} req/s" in r["_log"]
+
+
 def test_server_reports_how_full_it_was(server):
     """Beside "busy": requests running against the batch slots, and waiting, summed over the step."""
     url, _ = server

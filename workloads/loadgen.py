@@ -51,13 +51,17 @@ the server's latency stayed flat; see ``loadclient.py``) has ``valid: false``,
 ``client_bound: true`` and ``invalid_reason``. An invalid step is never a capacity and never
 the server's limit.
 
-``--rates LO:HI`` (default) searches for the capacity: the offered rate goes LO,
-LO*``--ramp-factor``, ... up to HI until a step fails or is invalid, then up to
+``--rates LO:HI`` (default) searches for the capacity: the offered rate goes S,
+S*``--ramp-factor``, ... up to HI until a step fails or is invalid, then up to
 ``--bisect-steps`` more steps narrow the bracket (an invalid step ends the search). A step
 that failed because the server fell behind says what the server can serve: the next probe
 is just below its completion rate, and nothing above that rate (plus the tolerance) is
 tried again; otherwise the bracket is bisected geometrically, until
-failing/passing <= 1 + ``--precision``. ``--rates a,b,c`` runs exactly those rates.
+failing/passing <= 1 + ``--precision``. S is LO, a rate given (``--search-start``), or
+``--search-start auto``: a quarter of what the server could complete if batching cost nothing
+(its batch slots over one request's time alone), inside LO..HI (``search_start``); a start
+above the capacity fails as overload and the next probe goes below it. ``--rates a,b,c`` runs
+exactly those rates.
 The capacity is the highest valid passing rate, reported with the rate the server completed
 there (``capacity_completion_rps``) and what it served when overloaded (``saturation_rps``).
 What bound it is judged on the lowest failing step, in this order; "busy" alone is never
@@ -358,10 +362,11 @@ def step_stats(idx: int, rate: float, step_s: float, t0: float, n: int, recs: li
 
 def idle_latency(base: str, n: int, timeout: float = 120.0) -> dict:
     """The server's latency with nothing else in flight: ``n`` streamed requests one after another
-    (after one more to warm up), median TTFT and, where the server reports it, its own time."""
+    (after one more to warm up), median TTFT, whole request and, where the server reports it, its own
+    time."""
     u = urllib.parse.urlsplit(base)
     cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-    ttfts, servers, errors = [], [], []
+    ttfts, e2es, servers, errors = [], [], [], []
     conn = cls(u.hostname, u.port, timeout=timeout)
     try:
         for i in range(n + 1):
@@ -384,6 +389,7 @@ def idle_latency(base: str, n: int, timeout: float = 120.0) -> dict:
                 srv = _server_ms(msg.get("gpuproof")) if msg.get("gpuproof") else srv
             if i and first is not None:   # the first one warms up
                 ttfts.append(first * 1e3)
+                e2es.append((time.perf_counter() - t0) * 1e3)
                 if srv is not None:
                     servers.append(srv)
     except (OSError, ValueError, http.client.HTTPException) as exc:
@@ -392,6 +398,7 @@ def idle_latency(base: str, n: int, timeout: float = 120.0) -> dict:
         conn.close()
     return {"n": len(ttfts), "source": f"idle probe ({len(ttfts)} sequential requests, median)",
             "ttft_ms": common.median(ttfts) if ttfts else None,
+            "e2e_ms": common.median(e2es) if e2es else None,
             "server_ms": common.median(servers) if len(servers) == len(ttfts) and servers else None,
             "errors": errors[:3]}
 
@@ -735,6 +742,10 @@ def build_parser():
     p.add_argument("--model", default="", help="model name to send (default: the first one /v1/models lists)")
     p.add_argument("--rates", default="1:1024",
                    help="LO:HI searches for the capacity in that range (default 1:1024); a,b,c runs those rates")
+    p.add_argument("--search-start", default="lo",
+                   help="where a search's ramp starts: lo (LO of --rates, default), a rate, or auto (a quarter of "
+                        "batch slots / one request's time alone, from the server's /metrics and an idle probe); "
+                        "a start that fails is followed down by the bisection")
     p.add_argument("--ramp-factor", type=float, default=2.0, help="ramp: next rate = rate x this (default 2)")
     p.add_argument("--bisect-steps", type=int, default=3, help="bisection steps after the ramp (default 3)")
     p.add_argument("--precision", type=float, default=0.05,
@@ -836,6 +847,35 @@ def _round(r: float) -> float:
     return float(f"{r:.3g}")
 
 
+# --search-start auto: a search starts at this share of what the server could complete if batching cost
+# nothing (batch slots / one request's time alone), two ramp steps below that bound at the default x2
+SEARCH_START_SHARE = 0.25
+
+
+def search_start(text: str, lo: float, hi: float, idle: dict | None, slots: int | None) -> tuple[float, str]:
+    """The first rate of a capacity search, and why: LO (``--search-start lo``, the default), a rate
+    given, or ``auto``: SEARCH_START_SHARE of ``slots / idle e2e`` (Little's law: with every batch slot
+    busy and no slowdown from batching, the server completes ``slots`` requests per request time; a
+    real server completes less, so the ramp reaches the capacity from below in a step or two, where
+    starting at 1 req/s takes several steps that each wait for ``--pace-answers`` answers, 80 s at 1
+    req/s). Without the server's batch slots or an idle latency, auto starts at LO. Always inside
+    LO..HI: the range stays the user's."""
+    if text in ("", "lo"):
+        return lo, f"LO of --rates ({lo:g})"
+    if text != "auto":
+        r = float(text)
+        return min(hi, max(lo, r)), f"--search-start {r:g}" + ("" if lo <= r <= hi else f", held inside {lo:g}:{hi:g}")
+    e2e = (idle or {}).get("e2e_ms")
+    if not slots or not e2e:
+        why = "the server does not report its batch slots" if not slots else "the idle probe got no answer"
+        return lo, f"auto: LO of --rates ({lo:g}), {why}"
+    bound = slots / (e2e / 1e3)
+    r = _round(min(hi, max(lo, SEARCH_START_SHARE * bound)))
+    return r, (f"auto: {SEARCH_START_SHARE:g} x {slots} batch slots / {e2e / 1e3:.3g} s for one request alone "
+               f"(= {bound:.3g} req/s if batching cost nothing)" + ("" if r != lo and r != hi else
+                                                                     f", held inside {lo:g}:{hi:g}"))
+
+
 class Runner:
     def __init__(self, args, base: str, sender, idle: dict | None):
         self.args, self.base, self.sender, self.idle = args, base, sender, idle
@@ -845,6 +885,7 @@ class Runner:
         self.metrics_kind = probe_metrics(base, args.metrics_path)[0]
         self.t_start = time.perf_counter()
         self.searching = False    # a capacity search (--rates LO:HI): steps hold --pace-answers answers
+        self.start_rps: float | None = None   # where a search's ramp starts (--search-start), LO when None
 
     def budget_left(self) -> bool:
         a = self.args
@@ -993,7 +1034,7 @@ class Runner:
                      and (failing is None or s["offered_rps"] < failing["offered_rps"])]
             return (max(below) if below else None), failing
         lo, hi = rates
-        r = lo
+        r = self.start_rps or lo
         self.searching = True
         while self.budget_left():
             s = self.step(r)
@@ -1091,6 +1132,12 @@ def _validate(args) -> str | None:
         return f"--workers {args.workers!r}: a whole number >= 1 or 'auto'"
     if args.pace_answers < 0:
         return "--pace-answers >= 0 please (0 = steps of --step-s)"
+    if args.search_start not in ("lo", "auto"):
+        try:
+            if float(args.search_start) <= 0:
+                raise ValueError
+        except ValueError:
+            return f"--search-start {args.search_start!r}: lo, auto or a rate > 0"
     if not 0 < args.headroom <= 1 or args.max_workers < 1 or args.calibrate_s <= 0:
         return "0 < --headroom <= 1, --max-workers >= 1 and --calibrate-s > 0 please"
     if args.master and args.expect_workers < 1:
@@ -1186,6 +1233,17 @@ def main(argv: list[str] | None = None) -> int:
                + (f"; idle TTFT {idle['ttft_ms']:.1f} ms" if idle else ""))
     t0_epoch = time.time()
     run = Runner(args, base, sender, idle)
+    start = None
+    if mode == "search" and args.search_start != "lo":
+        probe = idle
+        if args.search_start == "auto" and not (probe and probe.get("e2e_ms")):
+            common.log("search start: timing one request alone (auto)")
+            probe = idle_latency(base, 1)
+        slots = (server_metrics(base, args.metrics_path) or {}).get("max_batch") if run.metrics_kind == "gpuproof" \
+            else None
+        rps, why = search_start(args.search_start, *rates, probe, slots)
+        run.start_rps, start = rps, {"rps": rps, "rule": why, "idle_probe": probe}
+        common.log(f"search starts at {rps:g} req/s: {why}")
     try:
         passing, failing = run.search(mode, rates)
     finally:
@@ -1203,7 +1261,7 @@ def main(argv: list[str] | None = None) -> int:
     overloaded = [_served_at_most(s) for s in run.steps if s["valid"] and s.get("keeps_pace") is False]
     result = common.base_result("loadgen")
     result.update(
-        url=base, model=model, mode=mode, rates=rates, ramp_factor=args.ramp_factor,
+        url=base, model=model, mode=mode, rates=rates, search_start=start, ramp_factor=args.ramp_factor,
         step_s=args.step_s, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
         ignore_eos=not args.no_ignore_eos, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms,
         slo_attainment=args.slo_attainment, max_error_rate=args.max_error_rate, users=args.users,

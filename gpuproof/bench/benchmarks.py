@@ -200,15 +200,18 @@ class Inference(Benchmark):
                    "limited are marked invalid; locust master + N workers when one process cannot offer the rate")
     defaults = {"rates": "1:1024", "step_s": 15.0, "drain_s": 60.0, "input_tokens": 512, "output_tokens": 128,
                 "slo_ttft_ms": 1000.0, "slo_tpot_ms": 100.0, "slo_attainment": 0.95, "max_error_rate": 0.0,
-                "users": 512, "bisect_steps": 3, "pace_answers": None, "size": "auto", "max_batch": None,
+                "users": 512, "bisect_steps": 3, "pace_answers": None, "search_start": "auto", "size": "auto", "max_batch": None,
                 "sample_hz": 10.0, "threads": None, "url": None, "model": None,
                 # the load client: one process, N, or 'auto' (N from a calibration of its per-core rate)
                 "workers": "auto", "target_rps": None, "headroom": None, "max_workers": None, "calibrate_s": None}
-    # on the CPU the model is a stand-in and its capacity a smoke figure: search steps hold 10 answers in their
-    # judged half, not loadgen's 40 (which would be 80 s steps at 1 req/s); CI's steps are --step-s (0 = off)
+    # A GPU's search starts at a quarter of batch slots / one request's time (loadgen --search-start auto): from
+    # 1 req/s the 7b model's first two steps took 120 s (40 answers each) at a tenth of its capacity on an H200.
+    # On the CPU the model is a stand-in and its capacity a smoke figure: search steps start at LO and hold 10
+    # answers in their judged half, not loadgen's 40 (which would be 80 s steps at 1 req/s); CI's steps are
+    # --step-s (0 = off)
     cpu_defaults = {"rates": "1:256", "step_s": 4.0, "drain_s": 30.0, "input_tokens": 64, "output_tokens": 32,
                     "slo_ttft_ms": 1000.0, "slo_tpot_ms": 200.0, "users": 64, "bisect_steps": 2, "workers": 1,
-                    "pace_answers": 10}
+                    "pace_answers": 10, "search_start": "lo"}
     ci_params = {"rates": "1:2", "step_s": 2.0, "input_tokens": 16, "output_tokens": 8, "slo_ttft_ms": 5000.0,
                  "slo_tpot_ms": 1000.0, "slo_attainment": 0.5, "users": 8, "size": "tiny", "threads": 1,
                  "workers": 1, "pace_answers": 0}
@@ -218,6 +221,7 @@ class Inference(Benchmark):
                   "output_tokens": "--output-tokens", "slo_ttft_ms": "--slo-ttft-ms", "slo_tpot_ms": "--slo-tpot-ms",
                   "slo_attainment": "--slo-attainment", "max_error_rate": "--max-error-rate", "users": "--users",
                   "think_ms": "--think-ms", "bisect_steps": "--bisect-steps", "pace_answers": "--pace-answers",
+                  "search_start": "--search-start",
                   "ramp_factor": "--ramp-factor",
                   "max_steps": "--max-steps", "max_requests": "--max-requests", "model": "--model",
                   "workers": "--workers", "target_rps": "--target-rps", "headroom": "--headroom",

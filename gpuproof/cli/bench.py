@@ -65,7 +65,9 @@ def register(sub) -> None:
     p.add_argument("--max-bytes", default=None, help="allreduce: largest message (default 1G; 64M on the CPU)")
     p.add_argument("--nproc", type=int, default=None, help="allreduce: local ranks (default 1; GPUs: one per GPU)")
     p.add_argument("--rates", default=None,
-                   help="inference: LO:HI searches for the capacity (default 1:1024; CPU 1:256), a,b,c runs those")
+                   help="inference: LO:HI searches for the capacity (default 1:1024; CPU 1:256), a,b,c runs those. "
+                        "On a GPU the search starts inside LO:HI at a quarter of batch slots / one request's time "
+                        "(loadgen --search-start auto)")
     p.add_argument("--step-s", type=float, default=None, help="inference: seconds of sending per load step")
     p.add_argument("--url", default=None,
                    help="inference: drive this OpenAI-compatible endpoint (vLLM, TGI, SGLang, NIM, ...) instead of "

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every GPU path of gpuproof in one run, for a lent GPU machine (benchmarks/RESULTS.md, "GPU run").
+#
+#   bash benchmarks/gpu_run.sh [OUTDIR]        # OUTDIR defaults to $OUT, else ./gpu-run
+#
+# Each step has its own time limit (so one that hangs costs its limit, not the run) and its
+# output goes to OUTDIR/log; the records (reports/<step>/) are packed into OUTDIR/reports.tgz.
+# Python packages the machine lacks (locust, kubernetes, ...) are installed from ./.whl when that
+# folder holds wheels (see RESULTS.md for the download command). Steps, in order of how much
+# their figures are needed: probe, health, matmul, matmul vs a bare torch loop, HBM, the NVML
+# sampler's cost, per-call NVML cost, inference capacity and bound_by.
+set -u
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-gpu-run}}
+mkdir -p "$out"
+log=$out/log
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl >>"$log" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
+DEV=${GPU_RUN_DEVICE:-cuda}     # cpu: a dry run of the script itself on a machine without a GPU
+ONLY=${GPU_RUN_STEPS:-}         # e.g. "probe hbm": only those steps
+step() {  # step NAME LIMIT_S command...
+    local name=$1 limit=$2; shift 2
+    if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+    echo "=== $(date +%T) $name (limit ${limit}s): $*" | tee -a "$log"
+    timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    echo "=== $(date +%T) $name rc=$rc" | tee -a "$log"
+}
+bench() { step "$1" "$2" $PY -m gpuproof bench --local "$1" --device "$DEV" --out reports --run-id "gpu-$1" "${@:3}"; }
+
+step smi 20 nvidia-smi
+step versions 30 $PY -c 'import sys, torch, pynvml; print(sys.version.split()[0], torch.__version__,
+torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA")'
+bench probe 60
+bench health 120
+bench matmul 120
+step vs_torch 120 $PY benchmarks/matmul_vs_torch.py --device "$DEV" --dtypes bf16,fp16,tf32,fp32,fp8 \
+    --sizes 4096,8192 --trials 3 --json "$out/vs_torch.json"
+bench hbm 90
+step sampler 60 $PY benchmarks/sampler_overhead.py --seconds 10 --hz 10 --json "$out/sampler.json"
+if [ -f .whl/nvml_calls.py ]; then step nvml_calls 30 $PY .whl/nvml_calls.py; fi
+bench inference "${GPU_RUN_INFERENCE_S:-240}"
+tar czf "$out/reports.tgz" reports/gpu-* 2>/dev/null
+echo "=== $(date +%T) done" | tee -a "$log"
