@@ -347,6 +347,23 @@ def build_parser():
     return p
 
 
+# How often the main thread wakes while it waits for SIGTERM. The kernel may deliver the signal to any thread
+# (the engine's, the sampler's, CUDA's); there it only sets Python's flag, and the handler runs when the main
+# thread next runs Python code: an Event.wait() with no timeout then never returns. On an H200 the server
+# ignored SIGTERM for 60 s, and gpuproof bench lost the whole run with it.
+SIGNAL_CHECK_S = 0.5
+
+
+def wait_for_stop(stop: threading.Event, max_seconds: float = 0.0) -> None:
+    """Until ``stop`` is set (by SIGTERM / SIGINT) or ``max_seconds`` (> 0) have passed."""
+    deadline = time.monotonic() + max_seconds if max_seconds > 0 else None
+    while not stop.is_set():
+        left = SIGNAL_CHECK_S if deadline is None else min(SIGNAL_CHECK_S, deadline - time.monotonic())
+        if left <= 0:
+            return
+        stop.wait(left)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_batch < 0 or args.max_seq < 0 or args.max_seq == 1 or not 0 <= args.port <= 65535:
@@ -415,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     server.ready.set()
     common.log(f"ready on {device}: GET /health answers 200, POST /v1/completions")
     with sampler.phase("serve"):
-        stop.wait(args.max_seconds if args.max_seconds > 0 else None)
+        wait_for_stop(stop, args.max_seconds)
     common.log("stopping")
     server.shutdown()
     server.server_close()

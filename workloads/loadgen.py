@@ -58,9 +58,11 @@ that failed because the server fell behind says what the server can serve: the n
 is just below its completion rate, and nothing above that rate (plus the tolerance) is
 tried again; otherwise the bracket is bisected geometrically, until
 failing/passing <= 1 + ``--precision``. S is LO, a rate given (``--search-start``), or
-``--search-start auto``: a quarter of what the server could complete if batching cost nothing
-(its batch slots over one request's time alone), inside LO..HI (``search_start``); a start
-above the capacity fails as overload and the next probe goes below it. ``--rates a,b,c`` runs
+``--search-start auto``: an eighth of what the server could complete if batching cost nothing
+(its batch slots over one request's time alone), inside LO..HI (``search_start``). A first
+step above LO that fails (``cold_start``: it filled the batch from nothing at the full rate) is
+followed by a ramp from S / ramp-factor squared, so that every step that brackets the capacity
+starts with the batch its previous step filled. ``--rates a,b,c`` runs
 exactly those rates.
 The capacity is the highest valid passing rate, reported with the rate the server completed
 there (``capacity_completion_rps``) and what it served when overloaded (``saturation_rps``).
@@ -743,9 +745,9 @@ def build_parser():
     p.add_argument("--rates", default="1:1024",
                    help="LO:HI searches for the capacity in that range (default 1:1024); a,b,c runs those rates")
     p.add_argument("--search-start", default="lo",
-                   help="where a search's ramp starts: lo (LO of --rates, default), a rate, or auto (a quarter of "
+                   help="where a search's ramp starts: lo (LO of --rates, default), a rate, or auto (an eighth of "
                         "batch slots / one request's time alone, from the server's /metrics and an idle probe); "
-                        "a start that fails is followed down by the bisection")
+                        "a start that fails is followed by a ramp from a quarter of it")
     p.add_argument("--ramp-factor", type=float, default=2.0, help="ramp: next rate = rate x this (default 2)")
     p.add_argument("--bisect-steps", type=int, default=3, help="bisection steps after the ramp (default 3)")
     p.add_argument("--precision", type=float, default=0.05,
@@ -848,8 +850,10 @@ def _round(r: float) -> float:
 
 
 # --search-start auto: a search starts at this share of what the server could complete if batching cost
-# nothing (batch slots / one request's time alone), two ramp steps below that bound at the default x2
-SEARCH_START_SHARE = 0.25
+# nothing (batch slots / one request's time alone), three ramp steps below that bound at the default x2. On an
+# H200 the 7b model served 0.4 of that bound (a request takes 1.8 s alone, 4-5 s in a full batch): a quarter
+# of it, 8.7 req/s, failed its TTFT SLO from an empty server while 13.7 passed after a ramp.
+SEARCH_START_SHARE = 0.125
 
 
 def search_start(text: str, lo: float, hi: float, idle: dict | None, slots: int | None) -> tuple[float, str]:
@@ -859,7 +863,8 @@ def search_start(text: str, lo: float, hi: float, idle: dict | None, slots: int 
     real server completes less, so the ramp reaches the capacity from below in a step or two, where
     starting at 1 req/s takes several steps that each wait for ``--pace-answers`` answers, 80 s at 1
     req/s). Without the server's batch slots or an idle latency, auto starts at LO. Always inside
-    LO..HI: the range stays the user's."""
+    LO..HI: the range stays the user's. A start above LO that fails is not taken as the bracket (see
+    ``Runner.search``)."""
     if text in ("", "lo"):
         return lo, f"LO of --rates ({lo:g})"
     if text != "auto":
@@ -1035,12 +1040,22 @@ class Runner:
             return (max(below) if below else None), failing
         lo, hi = rates
         r = self.start_rps or lo
+        cold = r > lo    # a first step above LO starts on an empty server, with no ramp below it
         self.searching = True
         while self.budget_left():
             s = self.step(r)
             if not (s["valid"] and s["slo_met"]):
+                if cold and s["valid"]:
+                    # Its batch filled from nothing at the full rate: the first answers wait for the fill, and
+                    # what it completed reads low, so it brackets nothing. Ramp again from below, as from LO.
+                    s["cold_start"], cold = True, False
+                    r = max(lo, _round(r / a.ramp_factor ** 2))
+                    common.log(f"the search's first step failed from an empty server: ramping again from {r:g} "
+                               "req/s, so each step starts with the batch the step before it filled")
+                    continue
                 failing = s
                 break
+            cold = False
             passing = r
             if r >= hi:
                 break
@@ -1258,7 +1273,8 @@ def main(argv: list[str] | None = None) -> int:
     cap_step = next((s for s in run.steps if s["offered_rps"] == passing and s["slo_met"] and s["valid"]), None)
     invalid = [s["step"] for s in run.steps if not s["valid"]]
     # what the server completed while over capacity: its service rate, whatever was offered
-    overloaded = [_served_at_most(s) for s in run.steps if s["valid"] and s.get("keeps_pace") is False]
+    overloaded = [_served_at_most(s) for s in run.steps if s["valid"] and s.get("keeps_pace") is False
+                  and not s.get("cold_start")]
     result = common.base_result("loadgen")
     result.update(
         url=base, model=model, mode=mode, rates=rates, search_start=start, ramp_factor=args.ramp_factor,

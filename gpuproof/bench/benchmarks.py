@@ -11,7 +11,7 @@ import time
 
 from . import metrics
 from . import workloads as wl
-from ..errors import GpuproofError
+from ..errors import GpuproofError, WaitTimeout
 from ..results import MetricRecord
 from .base import (Benchmark, WorkloadProcess, applied, ensure_configmap, pod_name, pod_ready, read_samples,
                    register, wait_until)
@@ -204,8 +204,8 @@ class Inference(Benchmark):
                 "sample_hz": 10.0, "threads": None, "url": None, "model": None,
                 # the load client: one process, N, or 'auto' (N from a calibration of its per-core rate)
                 "workers": "auto", "target_rps": None, "headroom": None, "max_workers": None, "calibrate_s": None}
-    # A GPU's search starts at a quarter of batch slots / one request's time (loadgen --search-start auto): from
-    # 1 req/s the 7b model's first two steps took 120 s (40 answers each) at a tenth of its capacity on an H200.
+    # A GPU's search starts at an eighth of batch slots / one request's time (loadgen --search-start auto): from
+    # 1 req/s the 7b model's first two steps took 120 s (40 answers each) under a sixth of its capacity on an H200.
     # On the CPU the model is a stand-in and its capacity a smoke figure: search steps start at LO and hold 10
     # answers in their judged half, not loadgen's 40 (which would be 80 s steps at 1 req/s); CI's steps are
     # --step-s (0 = off)
@@ -263,7 +263,13 @@ class Inference(Benchmark):
                 with WorkloadProcess("loadgen", ["--url", url, *load_args], echo=echo) as load:
                     load_result = load.wait(self.timeout_s)
                 server.terminate()
-                server_result = server.wait(60)
+                try:
+                    server_result = server.wait(60)
+                except WaitTimeout as exc:
+                    # wait() has killed it: the load's figures stand; only what the server itself knew is lost
+                    why = (f"the inference server did not stop within 60 s of SIGTERM and was killed: its own "
+                           f"summary (utilization, per-request costs) is missing ({str(exc).splitlines()[0]})")
+                    server_result = {"error": why, "utilization": {"available": False, "reason": why}}
             samples = read_samples(samples_file)
         return self.combine(load_result, server_result, samples)
 
@@ -273,6 +279,8 @@ class Inference(Benchmark):
                   "endpoint": load.get("url"), "ok": bool(load.get("ok")), "verdict": load.get("verdict")}
         if load.get("error"):
             result["error"] = f"load generator: {load['error']}"
+        if (server or {}).get("error"):
+            result["server_error"] = server["error"]
         # utilization per load step, from the server's samples and the steps' wall times
         t0 = load.get("started_epoch")
         if samples and t0:
@@ -484,7 +492,6 @@ class Inference(Benchmark):
     def _worker_pods(run, name: str, workers: int) -> list[dict]:
         """Each worker pod's own totals (its last log line), once the pods have ended (best effort)."""
         from . import loadpods
-        from ..errors import WaitTimeout
 
         selector = loadpods.worker_selector(name)
 

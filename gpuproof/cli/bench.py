@@ -66,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--nproc", type=int, default=None, help="allreduce: local ranks (default 1; GPUs: one per GPU)")
     p.add_argument("--rates", default=None,
                    help="inference: LO:HI searches for the capacity (default 1:1024; CPU 1:256), a,b,c runs those. "
-                        "On a GPU the search starts inside LO:HI at a quarter of batch slots / one request's time "
+                        "On a GPU the search starts inside LO:HI at an eighth of batch slots / one request's time "
                         "(loadgen --search-start auto)")
     p.add_argument("--step-s", type=float, default=None, help="inference: seconds of sending per load step")
     p.add_argument("--url", default=None,
@@ -146,6 +146,8 @@ def _headline(name: str, result: dict) -> str:
             if srv.get("overhead_fraction") is not None:
                 head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
                          f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
+        if result.get("server_error"):
+            head += f"; {result['server_error']}"
         return head
     return ""
 
