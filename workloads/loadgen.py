@@ -61,8 +61,8 @@ failing/passing <= 1 + ``--precision``. S is LO, a rate given (``--search-start`
 ``--search-start auto``: an eighth of what the server could complete if batching cost nothing
 (its batch slots over one request's time alone), inside LO..HI (``search_start``). A first
 step above LO that fails (``cold_start``: it filled the batch from nothing at the full rate) is
-followed by a ramp from S / ramp-factor squared, so that every step that brackets the capacity
-starts with the batch its previous step filled. ``--rates a,b,c`` runs
+followed by a ramp from S / ramp-factor, so that every step that brackets the capacity starts
+with the batch its previous step filled. ``--rates a,b,c`` runs
 exactly those rates.
 The capacity is the highest valid passing rate, reported with the rate the server completed
 there (``capacity_completion_rps``) and what it served when overloaded (``saturation_rps``).
@@ -747,7 +747,7 @@ def build_parser():
     p.add_argument("--search-start", default="lo",
                    help="where a search's ramp starts: lo (LO of --rates, default), a rate, or auto (an eighth of "
                         "batch slots / one request's time alone, from the server's /metrics and an idle probe); "
-                        "a start that fails is followed by a ramp from a quarter of it")
+                        "a first step that fails is followed by a ramp from half of it")
     p.add_argument("--ramp-factor", type=float, default=2.0, help="ramp: next rate = rate x this (default 2)")
     p.add_argument("--bisect-steps", type=int, default=3, help="bisection steps after the ramp (default 3)")
     p.add_argument("--precision", type=float, default=0.05,
@@ -854,6 +854,7 @@ def _round(r: float) -> float:
 # H200 the 7b model served 0.4 of that bound (a request takes 1.8 s alone, 4-5 s in a full batch): a quarter
 # of it, 8.7 req/s, failed its TTFT SLO from an empty server while 13.7 passed after a ramp.
 SEARCH_START_SHARE = 0.125
+AUTO_PROBES = 3   # requests timed alone (after one more to warm up), median: one read 1.1 s and 1.8 s on an H200
 
 
 def search_start(text: str, lo: float, hi: float, idle: dict | None, slots: int | None) -> tuple[float, str]:
@@ -1049,7 +1050,7 @@ class Runner:
                     # Its batch filled from nothing at the full rate: the first answers wait for the fill, and
                     # what it completed reads low, so it brackets nothing. Ramp again from below, as from LO.
                     s["cold_start"], cold = True, False
-                    r = max(lo, _round(r / a.ramp_factor ** 2))
+                    r = max(lo, _round(r / a.ramp_factor))
                     common.log(f"the search's first step failed from an empty server: ramping again from {r:g} "
                                "req/s, so each step starts with the batch the step before it filled")
                     continue
@@ -1252,8 +1253,8 @@ def main(argv: list[str] | None = None) -> int:
     if mode == "search" and args.search_start != "lo":
         probe = idle
         if args.search_start == "auto" and not (probe and probe.get("e2e_ms")):
-            common.log("search start: timing one request alone (auto)")
-            probe = idle_latency(base, 1)
+            common.log(f"search start: timing one request alone, {AUTO_PROBES} times (auto)")
+            probe = idle_latency(base, AUTO_PROBES)
         slots = (server_metrics(base, args.metrics_path) or {}).get("max_batch") if run.metrics_kind == "gpuproof" \
             else None
         rps, why = search_start(args.search_start, *rates, probe, slots)
