@@ -62,8 +62,7 @@ failing/passing <= 1 + ``--precision``. S is LO, a rate given (``--search-start`
 (its batch slots over one request's time alone), inside LO..HI (``search_start``). A first
 step above LO that fails (``cold_start``: it filled the batch from nothing at the full rate) is
 followed by a ramp from S / ramp-factor, so that every step that brackets the capacity starts
-with the batch its previous step filled. ``--rates a,b,c`` runs
-exactly those rates.
+with the batch its previous step filled. ``--rates a,b,c`` runs exactly those rates.
 The capacity is the highest valid passing rate, reported with the rate the server completed
 there (``capacity_completion_rps``) and what it served when overloaded (``saturation_rps``).
 What bound it is judged on the lowest failing step, in this order; "busy" alone is never
