@@ -4,7 +4,8 @@
 #   bash benchmarks/gpu_run.sh [OUTDIR]        # OUTDIR defaults to $OUT, else ./gpu-run
 #
 # Each step has its own time limit (so one that hangs costs its limit, not the run) and its
-# output goes to OUTDIR/log; the records (reports/<step>/) are packed into OUTDIR/reports.tgz.
+# output goes to OUTDIR/log; the records (reports/gpu-<step>/, or under $GPU_RUN_REPORTS) are packed
+# into OUTDIR/reports.tgz. tests/test_gpu_run_script.py dry-runs it on the CPU.
 # Python packages the machine lacks (locust, kubernetes, ...) are installed from ./.whl when that
 # folder holds wheels (see RESULTS.md for the download command). Steps, in order of how much
 # their figures are needed: probe, health, matmul, matmul vs a bare torch loop, HBM, the NVML
@@ -23,6 +24,7 @@ fi
 
 DEV=${GPU_RUN_DEVICE:-cuda}     # cpu: a dry run of the script itself on a machine without a GPU
 ONLY=${GPU_RUN_STEPS:-}         # e.g. "probe hbm": only those steps
+REPORTS=${GPU_RUN_REPORTS:-reports}   # the run folders (gpu-<step>) go here
 step() {  # step NAME LIMIT_S command...
     local name=$1 limit=$2; shift 2
     if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
@@ -31,7 +33,7 @@ step() {  # step NAME LIMIT_S command...
     local rc=$?
     echo "=== $(date +%T) $name rc=$rc" | tee -a "$log"
 }
-bench() { step "$1" "$2" $PY -m gpuproof bench --local "$1" --device "$DEV" --out reports --run-id "gpu-$1" "${@:3}"; }
+bench() { step "$1" "$2" $PY -m gpuproof bench --local "$1" --device "$DEV" --out "$REPORTS" --run-id "gpu-$1" "${@:3}"; }
 
 step smi 20 nvidia-smi
 step versions 30 $PY -c 'import sys, torch, pynvml; print(sys.version.split()[0], torch.__version__,
@@ -45,5 +47,5 @@ bench hbm 90
 step sampler 60 $PY benchmarks/sampler_overhead.py --seconds 10 --hz 10 --json "$out/sampler.json"
 if [ -f .whl/nvml_calls.py ]; then step nvml_calls 30 $PY .whl/nvml_calls.py; fi
 bench inference "${GPU_RUN_INFERENCE_S:-240}"
-tar czf "$out/reports.tgz" reports/gpu-* 2>/dev/null
+(cd "$REPORTS" && tar czf - gpu-* 2>/dev/null) >"$out/reports.tgz"
 echo "=== $(date +%T) done" | tee -a "$log"

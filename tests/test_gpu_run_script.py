@@ -1,0 +1,25 @@
+"""benchmarks/gpu_run.sh, the one script a lent GPU machine runs (benchmarks/RESULTS.md, "GPU run"),
+dry-run on the CPU: a step runs under its limit and says its exit code, one that outlives its limit is
+stopped and says 124, and the records come back packed."""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_run_script_runs_its_steps_each_under_a_limit(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_RUN_DEVICE": "cpu", "GPU_RUN_STEPS": "probe inference",
+           "GPU_RUN_INFERENCE_S": "1", "GPU_RUN_REPORTS": str(tmp_path / "reports")}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_run.sh"), str(tmp_path / "out")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (tmp_path / "out" / "log").read_text()
+    assert "probe rc=0" in log and "probe: ok" in log, log[-2000:]
+    assert "inference rc=124" in log, log[-2000:]      # stopped at its 1 s limit, and said so
+    assert "smi" not in proc.stdout                     # only the steps asked for
+    with tarfile.open(tmp_path / "out" / "reports.tgz") as tar:
+        assert "gpu-probe/bench-probe.json" in tar.getnames()
