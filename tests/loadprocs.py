@@ -15,6 +15,16 @@ def last_json(text):
     return json.loads([line for line in text.splitlines() if line.strip()][-1])
 
 
+def loadgen_child(code: str, *args) -> object:
+    """The JSON of the last line ``code`` prints, run in a child interpreter with workloads/ as its
+    ``sys.argv[1]`` and ``args`` after it: loadgen monkey-patches the process for gevent when imported,
+    so its rules are tried there, not in the test's process."""
+    proc = subprocess.run([sys.executable, "-c", code, str(WORKLOADS_DIR), *map(str, args)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 def start_process(script, tmp_path, *args):
     """A workload server on 127.0.0.1 and a free port (its --port-file); returns (url, process)."""
     port_file = tmp_path / f"{script}.port"

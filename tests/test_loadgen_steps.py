@@ -8,10 +8,8 @@ under what AIPerf measured it to sustain). Fixed rates send for ``--step-s``, as
 """
 
 import json
-import subprocess
-import sys
 
-from gpuproof.bench.workloads import WORKLOADS_DIR
+from loadprocs import loadgen_child
 
 # loadgen monkey-patches the process for gevent when imported: its rules run in a child interpreter
 CHILD = r"""
@@ -29,10 +27,7 @@ print(json.dumps(out))
 
 
 def step_lengths(*cases: dict) -> list:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(WORKLOADS_DIR), json.dumps(cases)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return [tuple(x) if isinstance(x, list) else x for x in json.loads(proc.stdout.splitlines()[-1])]
+    return [tuple(x) if isinstance(x, list) else x for x in loadgen_child(CHILD, json.dumps(cases))]
 
 
 def case(*argv: str, rate: float | None = None, searching: bool = True, steps: list | None = None) -> dict:
@@ -84,10 +79,7 @@ print(json.dumps({"first": loadgen._lead(args, 0, 0.05), "second": loadgen._lead
 
 
 def test_start_epoch_sets_the_first_steps_first_send_and_late_answers_set_the_ceiling():
-    proc = subprocess.run([sys.executable, "-c", LEAD_CHILD, str(WORKLOADS_DIR)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = loadgen_child(LEAD_CHILD)
     assert 25 < got["first"] <= 30, "the first step waits for --start-epoch"
     assert got["second"] == 0.05 and got["plain"] == 0.05, "later steps, and runs without it, start at once"
     assert got["past"] == 0.25, "a start already past starts at once"
@@ -119,10 +111,7 @@ def test_the_start_time_can_be_written_after_loadgen_has_started(tmp_path):
     """``--start-epoch-file``: loadgen, started first, waits until the file holds a Unix time and starts its
     first step then; a file without one, or none in time, ends it with one line saying so."""
     start, bad, missing = tmp_path / "start", tmp_path / "bad", tmp_path / "never"
-    proc = subprocess.run([sys.executable, "-c", FILE_CHILD, str(WORKLOADS_DIR), str(start), str(bad), str(missing)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
+    got = loadgen_child(FILE_CHILD, start, bad, missing)
     assert abs(got["epoch"] - got["when"]) < 0.01, "the time read is the time written"
     assert 15 < got["lead"] <= 20, "the first step waits until then"
     assert got["bad"] == f"loadgen: --start-epoch-file {bad}: 'soon' is not a Unix time"

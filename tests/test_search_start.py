@@ -5,10 +5,8 @@ minutes under a sixth of the 13.7 req/s it later passed (an H200, benchmarks/RES
 The end-to-end cases are in tests/test_workloads_inference.py."""
 
 import json
-import subprocess
-import sys
 
-from gpuproof.bench.workloads import WORKLOADS_DIR
+from loadprocs import loadgen_child
 
 # loadgen monkey-patches the process for gevent when imported: its rules run in a child interpreter
 CHILD = r"""
@@ -26,10 +24,7 @@ print(json.dumps(out))
 
 
 def starts(*cases: dict) -> list:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(WORKLOADS_DIR), json.dumps(cases)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return [tuple(x) if isinstance(x, list) else x for x in json.loads(proc.stdout.splitlines()[-1])]
+    return [tuple(x) if isinstance(x, list) else x for x in loadgen_child(CHILD, json.dumps(cases))]
 
 
 def test_auto_is_an_eighth_of_the_batch_slots_over_one_requests_time():

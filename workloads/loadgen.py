@@ -880,18 +880,19 @@ def search_start(text: str, lo: float, hi: float, idle: dict | None, slots: int 
     ``Runner.search``)."""
     if text in ("", "lo"):
         return lo, f"LO of --rates ({lo:g})"
+    held = f", held inside {lo:g}:{hi:g}"
     if text != "auto":
         r = float(text)
-        return min(hi, max(lo, r)), f"--search-start {r:g}" + ("" if lo <= r <= hi else f", held inside {lo:g}:{hi:g}")
+        return min(hi, max(lo, r)), f"--search-start {r:g}" + ("" if lo <= r <= hi else held)
     e2e = (idle or {}).get("e2e_ms")
     if not slots or not e2e:
         why = "the server does not report its batch slots" if not slots else "the idle probe got no answer"
         return lo, f"auto: LO of --rates ({lo:g}), {why}"
     bound = slots / (e2e / 1e3)
-    r = _round(min(hi, max(lo, SEARCH_START_SHARE * bound)))
-    return r, (f"auto: {SEARCH_START_SHARE:g} x {slots} batch slots / {e2e / 1e3:.3g} s for one request alone "
-               f"(= {bound:.3g} req/s if batching cost nothing)" + ("" if r != lo and r != hi else
-                                                                     f", held inside {lo:g}:{hi:g}"))
+    want = SEARCH_START_SHARE * bound
+    return _round(min(hi, max(lo, want))), (
+        f"auto: {SEARCH_START_SHARE:g} x {slots} batch slots / {e2e / 1e3:.3g} s for one request alone "
+        f"(= {bound:.3g} req/s if batching cost nothing)" + ("" if lo <= want <= hi else held))
 
 
 class Runner:

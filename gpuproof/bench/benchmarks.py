@@ -200,8 +200,8 @@ class Inference(Benchmark):
                    "limited are marked invalid; locust master + N workers when one process cannot offer the rate")
     defaults = {"rates": "1:1024", "step_s": 15.0, "drain_s": 60.0, "input_tokens": 512, "output_tokens": 128,
                 "slo_ttft_ms": 1000.0, "slo_tpot_ms": 100.0, "slo_attainment": 0.95, "max_error_rate": 0.0,
-                "users": 512, "bisect_steps": 3, "pace_answers": None, "search_start": "auto", "size": "auto", "max_batch": None,
-                "sample_hz": 10.0, "threads": None, "url": None, "model": None,
+                "users": 512, "bisect_steps": 3, "pace_answers": None, "search_start": "auto", "size": "auto",
+                "max_batch": None, "sample_hz": 10.0, "threads": None, "url": None, "model": None,
                 # the load client: one process, N, or 'auto' (N from a calibration of its per-core rate)
                 "workers": "auto", "target_rps": None, "headroom": None, "max_workers": None, "calibrate_s": None}
     # A GPU's search starts at an eighth of batch slots / one request's time (loadgen --search-start auto): from
