@@ -8,9 +8,9 @@ helpers from :mod:`gpuproof.plugin.checks`.
 """
 
 # options, configure/finish, parametrization; the fixtures; the `creates` marker for plans; the nodes each
-# check left out
+# check left out; per-node checks on every node at once
 pytest_plugins = ["gpuproof.plugin.hooks", "gpuproof.plugin.fixtures", "gpuproof.plugin.plan",
-                  "gpuproof.plugin.coverage"]
+                  "gpuproof.plugin.coverage", "gpuproof.plugin.fanout"]
 
 
 def pytest_addhooks(pluginmanager) -> None:

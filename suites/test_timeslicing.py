@@ -11,6 +11,7 @@ import pytest
 from gpuproof.cluster.churn import ForeignPods
 from gpuproof.discovery.nodes import GPU_SHARED
 from gpuproof.plugin.checks import for_nodes
+from gpuproof.plugin.fanout import NodeSkip
 from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, shared_gpu_check,
                                     used_on)
 
@@ -98,14 +99,23 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
                     churn=churn)
 
 
+def share_probe(run, target, node, lane):
+    """A pool's single-GPU node filled with probe pods, one per free replica, by the fan-out beside other pools'."""
+    if (node.count_label or 0) != 1:
+        raise NodeSkip("same-gpu-uuid", f"{node.name} has {node.count_label} GPUs; checked on single-GPU nodes")
+    pods = min(node.replicas, free_on(target.cluster, node, node.gpu_resource))
+    return probe_on(run, target, node, pods, {node.gpu_resource: 1}, prefix="share-probe", lane=lane)
+
+
 @for_nodes(time_sliced)
 @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
 @pytest.mark.creates("Pod", "share-probe-{node}-<i>", "{free}, at most replicas", requests="1 {resource}", note="probe")
-def test_pods_on_one_gpu_see_the_same_uuid(gpu_pool, run, target, check, needs_real_gpus):
+def test_pods_on_one_gpu_see_the_same_uuid(gpu_pool, run, target, check, needs_real_gpus, fanout, request):
     node = gpu_pool.nodes[0]
-    if (node.count_label or 0) != 1:
-        check.skip("same-gpu-uuid", f"{node.name} has {node.count_label} GPUs; checked on single-GPU nodes")
-    pods = min(node.replicas, free_on(target.cluster, node, node.gpu_resource))
-    results = probe_on(run, target, node, pods, {node.gpu_resource: 1}, prefix="share-probe")
+    try:
+        results = fanout.result(request.node, node, lambda n, lane: share_probe(run, target, n, lane),
+                                name="time-slicing share probe")
+    except NodeSkip as skip:
+        check.skip(skip.check, skip.reason)
     ok, expected, actual, what = shared_gpu_check(results)   # NVML UUIDs, never NVIDIA_VISIBLE_DEVICES
     check.true("same-gpu-uuid", ok, expected, actual, what=what, target=node.name)

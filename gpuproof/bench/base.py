@@ -212,14 +212,21 @@ class Benchmark:
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
-                       timeout: float | None = None) -> dict:
-        """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result."""
+                       timeout: float | None = None, lane=None) -> dict:
+        """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result.
+
+        ``lane``: a fan-out's (:class:`gpuproof.plugin.fanout.Lane`): its labels go on the pod, the waits go through
+        its shared watch, and the pod is gone before this returns (the node's GPUs free for the next check)."""
         name = pod_name(self.name, self.pod_key(product, node))
         ensure_configmap(run)
-        objs = self.manifests(params, labels=run.labels, namespace=run.namespace, name=name, product=product,
+        labels = {**run.labels, **(lane.labels if lane is not None else {})}
+        objs = self.manifests(params, labels=labels, namespace=run.namespace, name=name, product=product,
                               node=node, image=image, gpus=gpus, resource=resource)
-        with applied(run, objs):
-            run.wait_pod_done(name, timeout=timeout or self.timeout_s)
+        with applied(run, objs, lane=lane):
+            if lane is not None:
+                lane.wait_done(name, timeout=timeout or self.timeout_s)
+            else:
+                run.wait_pod_done(name, timeout=timeout or self.timeout_s)
             return wl.pod_result(run, name, what=f"{self.name} pod {run.namespace}/{name}"
                                                 + (f" on {node}" if node else ""))
 
@@ -262,9 +269,13 @@ def delete_object(run, manifest: dict) -> None:
         calls[kind]()
 
 
+GONE_WAIT_S = 60.0    # how long a fan-out's worker waits for its deleted pod to leave the API
+
+
 @contextlib.contextmanager
-def applied(run, manifests: list[dict]):
-    """Create the objects, yield, then delete them (so GPUs are free for the next benchmark)."""
+def applied(run, manifests: list[dict], lane=None):
+    """Create the objects, yield, then delete them (so GPUs are free for the next benchmark); with a fan-out's
+    ``lane``, wait until its pods are gone too."""
     done: list[dict] = []
     try:
         for m in manifests:
@@ -274,6 +285,11 @@ def applied(run, manifests: list[dict]):
     finally:
         for m in reversed(done):
             delete_object(run, m)
+        if lane is not None:
+            for m in done:
+                if m["kind"] == "Pod":
+                    with contextlib.suppress(Exception):     # the run's cleanup deletes what is left
+                        lane.wait_gone(m["metadata"]["name"], GONE_WAIT_S)
 
 
 def pod_ready(pod) -> bool:

@@ -35,6 +35,10 @@ def register(sub) -> None:
     p.add_argument("--progress-after", type=float, default=None, metavar="SECONDS",
                    help="report a step once it has lasted this long, then at doubling intervals; 0: no progress "
                         "lines (default 10)")
+    p.add_argument("--parallel", default=None, metavar="N",
+                   help="per-node checks (health, census, topology, time-slicing probes) start on every node at once, "
+                        "with at most N pods in flight (default 16, or $GPUPROOF_PARALLEL); each node is still "
+                        "its own test. Lower it to spare a busy API server, raise it for large fleets")
     p.add_argument("--dry-run", action="store_true",
                    help="create nothing: list what the run would create, on which nodes, with which priorities "
                         "(the same as gpuproof plan)")
@@ -58,6 +62,8 @@ def pytest_argv(args, run_id: str) -> list[str]:
         argv.append("--strict-taints")
     if getattr(args, "progress_after", None) is not None:
         argv.append(f"--gpuproof-progress-after={args.progress_after}")
+    if getattr(args, "parallel", None) is not None:
+        argv.append(f"--gpuproof-parallel={args.parallel}")
     argv += selection_argv(args)
     return argv + list(args.pytest_args)
 
@@ -108,6 +114,10 @@ def _run(args) -> int:
         return plan_command(args)
     if args.progress_after is not None and args.progress_after < 0:
         raise GpuproofError(f"--progress-after must be 0 (off) or more seconds, got {args.progress_after:g}")
+    if args.parallel is not None:
+        from ..plugin.fanout import parse_parallel
+
+        parse_parallel(args.parallel)            # 0 or a word: one line, before any cluster starts
     preflight(args)
     run_id = args.run_id or new_run_id()
     code = int(pytest.main(pytest_argv(args, run_id)))

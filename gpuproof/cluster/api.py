@@ -44,6 +44,11 @@ KUBELET_SILENCE = 60.0      # seconds a pod may sit bound to a node with no stat
 # a container's waiting reasons that no retry of the kubelet ends: the image is not on the node and the pod may
 # not pull it (imagePullPolicy: Never), or its name is no image reference
 NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
+# failed pulls of one image (the kubelet's ErrImagePull, retried with back-off: 10 s, 20 s, 40 s ...) after which a
+# pod is taken to never start: an image no mirror serves does not appear by waiting out the deadline
+PULL_TRIES = 3
+MIRROR_HINT = ("point gpuproof at an image this cluster can pull: GPUPROOF_IMAGE=<mirror>/<image> for the workload "
+               "pods, GPUPROOF_LOADGEN_IMAGE for the load generator, GPUPROOF_PAUSE_IMAGE for the check pods")
 
 
 def run_labels(run_id: str) -> dict[str, str]:
@@ -61,6 +66,8 @@ def connect(kubeconfig: str | None = None, context: str | None = None, check: bo
     except FileNotFoundError as exc:
         raise ClusterError(f"kubeconfig not found: {exc.filename}") from None
     cfg.retries = urllib3.Retry(total=3, connect=2, read=0, backoff_factor=0.2)
+    # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 64)
     api = k8s.ApiClient(cfg)
     name = context or _current_context(kubeconfig)
     cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
@@ -292,12 +299,14 @@ class Run:
         kubelet stays silent (:data:`KUBELET_SILENCE`), or says it can never start it (:data:`NEVER_STARTS`),
         ends the wait early with :class:`WaitTimeout`."""
         bound_since: dict[str, float] = {}
+        pulls: dict[str, tuple[str, int]] = {}
 
         def done_or_silent(cache: dict) -> Any:
             result = done(cache)
             if not result:
                 _raise_if_kubelet_silent(cache, bound_since, self.namespace, what)
                 _raise_if_never_starts(cache, self.namespace, what)
+                raise_if_pull_fails(cache, pulls, self.namespace, what)
             return result
 
         return watch_until(self.cluster.core.list_namespaced_pod, done_or_silent, timeout, what,
@@ -466,6 +475,31 @@ def _raise_if_never_starts(cache: dict, namespace: str, what: str) -> None:
             if waiting and waiting.reason in NEVER_STARTS:
                 raise WaitTimeout(f"pod {namespace}/{name} can never start on node {pod.spec.node_name}: container "
                                   f"{c.name}: {waiting.reason}: {waiting.message}; gave up waiting for {what}")
+
+
+def raise_if_pull_fails(cache: dict, pulls: dict[str, tuple[str, int]], namespace: str, what: str,
+                        tries: int | None = None) -> None:
+    """WaitTimeout once a pod's image has failed to pull ``tries`` times (:data:`PULL_TRIES`): each time the
+    kubelet's waiting reason turns to ``ErrImagePull`` is one failed pull (``ImagePullBackOff`` is the pause
+    between two); ``pulls`` keeps (last reason, failed pulls) per pod across calls."""
+    tries = PULL_TRIES if tries is None else tries
+    for name, pod in cache.items():
+        if pod.metadata.deletion_timestamp:
+            continue
+        for c in [*(pod.status.init_container_statuses or []), *(pod.status.container_statuses or [])]:
+            waiting = c.state.waiting if c.state else None
+            reason = waiting.reason if waiting else ""
+            key = f"{name}/{c.name}"
+            last, failed = pulls.get(key, ("", 0))
+            if reason in ("ErrImagePull", "ImagePullBackOff") and reason != last and (
+                    reason == "ErrImagePull" or failed == 0):
+                failed += 1                 # a back-off seen first stands for the pull that failed before it
+            pulls[key] = (reason, failed)
+            if failed >= tries:
+                raise WaitTimeout(
+                    f"pod {namespace}/{name} on node {pod.spec.node_name}: image {c.image} failed to pull {failed} "
+                    f"times ({reason}: {(waiting.message or '').strip() or 'no message'}); {MIRROR_HINT}; "
+                    f"gave up waiting for {what}")
 
 
 def _describe_pod(pod) -> str:

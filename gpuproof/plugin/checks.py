@@ -188,9 +188,12 @@ def settled(pod) -> bool:
     return pod.status.phase in ("Running", "Succeeded", "Failed") or pod_outcome(pod).startswith("unschedulable")
 
 
-def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe"
-             ) -> list[dict]:
-    """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results."""
+def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe",
+             lane=None) -> list[dict]:
+    """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results.
+
+    With a fan-out's ``lane`` the pods carry its label, hold ``count`` of its pod slots, are waited on through its
+    shared watch, and are deleted (and gone) before this returns."""
     from ..bench import workloads
     from .bench_checks import image
 
@@ -200,12 +203,31 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
         raise err
     names = [f"{prefix}-{node.name}-{i}"[:63] for i in range(count)]
     (resource, amount), = limits.items()
-    for name in names:
-        run.apply(workloads.workload_pod(name, "probe.py", args, labels=run.labels, namespace=run.namespace,
-                                         gpus=amount, resource=resource, node=node.name, image=image(run)))
-    run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
-                  target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
-    return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
+    labels = {**run.labels, **(lane.labels if lane is not None else {})}
+    if lane is None:
+        for name in names:
+            run.apply(workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace,
+                                             gpus=amount, resource=resource, node=node.name, image=image(run)))
+        run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
+                      target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
+        return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
+    created = []
+    with lane.pods(count):
+        try:
+            for name in names:
+                run.apply(workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace,
+                                                 gpus=amount, resource=resource, node=node.name, image=image(run)))
+                created.append(name)
+            for name in names:
+                lane.wait_done(name, target.timeout(900))
+            return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
+        finally:
+            for name in created:
+                with contextlib.suppress(ApiException):
+                    run.cluster.core.delete_namespaced_pod(name, run.namespace, grace_period_seconds=0)
+            for name in created:
+                with contextlib.suppress(Exception):      # the run's cleanup deletes what is left
+                    lane.wait_gone(name, 60.0)
 
 
 def normalize_uuid(uuid, kind: str = "GPU") -> str:

@@ -1,4 +1,4 @@
-"""The fixtures suites use: ``target``, ``run``, ``run_dir``, ``discovery``, ``gpu_products``, ``scratch``,
+"""The fixtures suites use: ``target``, ``run``, ``run_dir``, ``fanout``, ``discovery``, ``gpu_products``, ``scratch``,
 ``needs_real_gpus`` and ``check`` (one record per verdict)."""
 
 from __future__ import annotations
@@ -35,6 +35,28 @@ def run(target):
 @pytest.fixture(scope="session")
 def run_dir(request) -> RunDir:
     return get_target(request.config).run_dir
+
+
+@pytest.fixture(scope="session")
+def fanout(request, run, run_dir):
+    """The session's :class:`gpuproof.plugin.fanout.FanOut`: per-node work on every node at once, bounded by
+    ``--parallel`` pods in flight; its lines go through the progress plugin (threads may speak there)."""
+    from . import fanout as fo
+    from .progress import PLUGIN_NAME
+
+    progress = request.config.pluginmanager.get_plugin(PLUGIN_NAME)
+    t = get_target(request.config)
+
+    def say(msg: str) -> None:
+        if progress is not None and progress.active:
+            progress.say(msg)
+        else:
+            import threading
+
+            if threading.current_thread() is threading.main_thread():
+                t.progress(msg)
+
+    return fo.get(request.config, run=run, say=say, run_dir=run_dir)
 
 
 @pytest.fixture(scope="session")

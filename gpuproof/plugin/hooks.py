@@ -66,6 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from . import fanout
+
+    fanout.close(session.config)          # its workers delete their pods before the run's namespace goes
     t = get_target(session.config)
     outcome = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
     t.close(outcome)

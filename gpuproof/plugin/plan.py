@@ -163,6 +163,11 @@ class _Context:
         self._stub = types.SimpleNamespace(run_id=run_id, namespace=namespace,
                                            labels={"gpuproof.dev/run": run_id})   # read-only stand-in: no apply
 
+    def lent(self):
+        """A stand-in run holding the image the cluster's nodes lend workload pods (None: the stock image)."""
+        lent = getattr(self.target, "lent_image", None)
+        return types.SimpleNamespace(workload_image=lent() if callable(lent) else None)
+
     def targets(self) -> list[str]:
         if self.node is not None:
             return [self.node.name]
@@ -306,7 +311,7 @@ def _benchmark(mark, ctx: _Context) -> list[dict]:
         name = pod_name(kw.get("prefix") or bench.name, bench.pod_key(product, node))
         manifests = bench.manifests(bench.params({}, device="cuda"), labels=run_labels(ctx.run_id),
                                     namespace=ctx.namespace, name=name, product=product, node=node,
-                                    image=bench_suite.image(), gpus=gpus, resource=resource)
+                                    image=bench_suite.image(ctx.lent()), gpus=gpus, resource=resource)
         for m in manifests:
             obj = _from_manifest(m)
             if kw.get("note"):

@@ -74,6 +74,7 @@ class Target:
             if self.real:
                 kubeconfig, context = self.choice.open(self.progress)   # creates a throwaway (kind, ...) cluster
                 self.cluster = connect(kubeconfig, context)
+                self._kubeconfig = kubeconfig
                 from ..cluster.rbac import preflight, pytest_needs
 
                 # the RBAC rules of gpuproof/cluster/rbac.yaml this session needs, before the lease or anything else
@@ -101,6 +102,18 @@ class Target:
             raise
         return self.cluster
 
+    def lent_image(self):
+        """The image this cluster's nodes lend gpuproof's workload pods, if they lend one: the embedded cluster's
+        kubelet nodes (the host's Python over NVIDIA's mock NVML), started here (``--fleet``) or reached through
+        the kubeconfig ``gpuproof sim up`` wrote; None elsewhere (the stock image, or ``$GPUPROOF_IMAGE``)."""
+        if self.sim is not None:
+            return self.sim.workload_image()
+        if self.real and self.cluster is not None:
+            from ..sim.kubelet import lent_image_of_kubeconfig
+
+            return lent_image_of_kubeconfig(getattr(self, "_kubeconfig", None))
+        return None
+
     @property
     def is_embedded(self) -> bool:
         return not self.real
@@ -112,8 +125,7 @@ class Target:
             from ..cluster.api import Run
 
             run = Run(cluster, self.run_id)
-            if self.sim is not None:           # kubelet nodes lend the host's Python over NVIDIA's mock NVML
-                run.workload_image = self.sim.workload_image()
+            run.workload_image = self.lent_image()
             self._run = run          # set before create so a half-made run is still cleaned up
             self.run_dir             # a run that touches the cluster always leaves its record
             run.create(progress=self.progress, timeout=self.timeout(60))

@@ -745,6 +745,18 @@ def lent_image(sim_dir: Path):
     return Image.from_json(json.loads(f.read_text())) if f.exists() else None
 
 
+def lent_image_of_kubeconfig(kubeconfig: str | None):
+    """The workload image of the embedded cluster whose kubeconfig this is (``gpuproof sim up`` writes it into the
+    cluster's folder, beside its kubelet nodes' state), so a run that reaches it through ``--kubeconfig`` runs its
+    pods as ``--fleet`` does; None for any other cluster's kubeconfig."""
+    path = kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0] or "~/.kube/config"
+    try:
+        folder = Path(path).expanduser().resolve().parent
+        return lent_image(folder)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _wait_gpu_nodes(client, names: set[str], timeout: float, dra: set[str] = frozenset()) -> set[str]:
     """Until every GPU node has GFD's labels (through NFD's master) and, unless ``dra`` names it (NVIDIA's DRA
     driver offers its GPUs) or its device plugin crash-loops, the device plugin's resources. Returns the nodes whose

@@ -1,0 +1,139 @@
+"""One watch on a run's pods, shared by many waiters: what lets a run wait on hundreds of pods at once.
+
+:meth:`Run.wait_pods <gpuproof.cluster.api.Run.wait_pods>` opens a list and a watch of its own for each wait, which
+is right for one pod at a time. A fan-out across a fleet has up to ``--parallel`` pods in flight, each with a waiter:
+N watches on the same namespace would cost the API server N connections and N relists. :class:`PodWatch` keeps one
+list + watch of the pods that carry a label selector, a name -> pod cache, and wakes every waiter on each change.
+
+A waiter's wait ends, as :meth:`Run.wait_pods` does, as soon as its pod can never start: bound to a node whose
+kubelet stays silent (:data:`~gpuproof.cluster.api.KUBELET_SILENCE`), refused by the kubelet for good
+(:data:`~gpuproof.cluster.api.NEVER_STARTS`), or an image that failed to pull :data:`PULL_TRIES` times.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..errors import ClusterError, WaitTimeout
+from .api import _describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, raise_if_pull_fails
+
+
+class PodWatch:
+    """A shared cache of the run namespace's pods matching ``label_selector``, kept by one background watch."""
+
+    def __init__(self, run, label_selector: str, tick: float = 5.0):
+        self.run = run
+        self.label_selector = label_selector
+        self.tick = tick
+        self.cache: dict[str, Any] = {}
+        self.requests = 0                 # list + watch requests this watch made (for the API-load figure)
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"gpuproof-podwatch-{label_selector}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- the watch
+
+    def _loop(self) -> None:
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        core, ns = self.run.cluster.core, self.run.namespace
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                self.requests += 1
+                resp = core.list_namespaced_pod(ns, label_selector=self.label_selector, _request_timeout=30)
+                with self._cond:
+                    self.cache = {p.metadata.name: p for p in resp.items}
+                    self.error = None
+                    self._cond.notify_all()
+                self._ready.set()
+                rv = resp.metadata.resource_version
+                while not self._stop.is_set():
+                    w = watch.Watch()
+                    self.requests += 1
+                    for ev in w.stream(core.list_namespaced_pod, ns, label_selector=self.label_selector,
+                                       resource_version=rv, timeout_seconds=max(1, int(self.tick)),
+                                       _request_timeout=self.tick + 30, allow_watch_bookmarks=True):
+                        obj = ev["object"]
+                        if ev["type"] == "ERROR":
+                            code = obj.get("code") if isinstance(obj, dict) else getattr(obj, "code", None)
+                            raise ApiException(status=code or 500)
+                        if ev["type"] == "BOOKMARK" or isinstance(obj, dict):
+                            rv = (obj.get("metadata") or {}).get("resourceVersion", rv) if isinstance(obj, dict) \
+                                else rv
+                            continue
+                        rv = obj.metadata.resource_version
+                        with self._cond:
+                            if ev["type"] == "DELETED":
+                                self.cache.pop(obj.metadata.name, None)
+                            else:
+                                self.cache[obj.metadata.name] = obj
+                            self._cond.notify_all()
+                        if self._stop.is_set():
+                            break
+                    w.stop()
+                    with self._cond:            # a quiet window: waiters re-check the conditions time makes true
+                        self._cond.notify_all()
+                backoff = 0.2
+            except Exception as exc:            # noqa: BLE001  (a lost watch is retried; waiters see why meanwhile)
+                with self._cond:
+                    self.error = exc
+                    self._cond.notify_all()
+                if self._stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, 5.0)
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- waiting
+
+    def wait(self, name: str, condition: Callable[[Any], bool], timeout: float, what: str,
+             stop: threading.Event | None = None) -> Any:
+        """The pod once ``condition(pod)`` holds (None for a pod that is gone, when the condition accepts None).
+
+        Raises :class:`WaitTimeout` naming ``what`` at the deadline or as soon as the pod can never start, and
+        :class:`ClusterError` when ``stop`` is set (the run is ending) or the API server stays unreachable."""
+        deadline = time.monotonic() + timeout
+        bound_since: dict[str, float] = {}
+        pulls: dict[str, tuple[str, int]] = {}
+        full = f"pod {self.run.namespace}/{name} {what}"
+        self._ready.wait(min(timeout, 30.0))
+        with self._cond:
+            while True:
+                pod = self.cache.get(name)
+                if self._ready.is_set() and condition(pod):
+                    return pod
+                if pod is not None:
+                    one = {name: pod}
+                    _raise_if_kubelet_silent(one, bound_since, self.run.namespace, full)
+                    _raise_if_never_starts(one, self.run.namespace, full)
+                    raise_if_pull_fails(one, pulls, self.run.namespace, full)
+                if stop is not None and stop.is_set():
+                    raise ClusterError(f"stopped waiting for {full}: the run is ending")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    state = _describe_pod(pod) if self._ready.is_set() else (
+                        f"the pod list never arrived: {_root_cause(self.error)}" if self.error else "no answer yet")
+                    raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state})")
+                self._cond.wait(min(left, self.tick))
+
+    def wait_done(self, name: str, timeout: float, stop: threading.Event | None = None) -> Any:
+        return self.wait(name, lambda p: p is not None and p.status.phase in ("Succeeded", "Failed"), timeout,
+                         "to finish (Succeeded or Failed)", stop)
+
+    def wait_gone(self, name: str, timeout: float, stop: threading.Event | None = None) -> None:
+        self.wait(name, lambda p: p is None, timeout, "to be deleted", stop)
+
+    def in_flight(self) -> int:
+        """Pods of this watch that exist and have not finished."""
+        with self._cond:
+            return sum(1 for p in self.cache.values() if p.status.phase not in ("Succeeded", "Failed"))
