@@ -23,6 +23,11 @@ from gpuproof.plugin.fixtures import Checker
 from gpuproof.plugin.checks import Pool
 from gpuproof.results import RunDir
 
+
+# the fan-out, run in line: the suite's per-node work on this one node, in this thread (tests/test_fanout.py tests the
+# fan-out itself)
+INLINE = SimpleNamespace(result=lambda item, node, work, **kw: work(node, None))
+
 REPO = Path(__file__).resolve().parents[1]
 
 GPU_A = "GPU-a091da16-0f3c-4d2e-9b1a-111111111111"
@@ -99,7 +104,7 @@ def run_suite_function(tmp_path, monkeypatch, name: str, function: str, pool: Po
     module = suite(name)
     asked = []
 
-    def probe_on(run, target, n, count, limits, args=(), prefix="probe"):
+    def probe_on(run, target, n, count, limits, args=(), prefix="probe", lane=None):
         asked.append((n.name, count, limits, tuple(args), prefix))
         return results
 
@@ -108,7 +113,8 @@ def run_suite_function(tmp_path, monkeypatch, name: str, function: str, pool: Po
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, getattr(module, "FEATURE"), known_nodes={n.name: n for n in pool.nodes})
     target = SimpleNamespace(cluster=None)         # probe_on and free_on are the only ones to use it
-    getattr(module, function)(gpu_pool=pool, run=None, target=target, check=checker, needs_real_gpus=None)
+    kwargs = {"fanout": INLINE, "request": SimpleNamespace(node=None)} if name == "timeslicing" else {}
+    getattr(module, function)(gpu_pool=pool, run=None, target=target, check=checker, needs_real_gpus=None, **kwargs)
     records = [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
     return checker, records, asked
 

@@ -101,11 +101,16 @@ def probe(software, tmp_path_factory):
     return get
 
 
+# the fan-out, run in line: the suite's per-node work on this one node, in this thread (tests/test_fanout.py tests the
+# fan-out itself)
+INLINE = SimpleNamespace(result=lambda item, node, work, **kw: work(node, None))
+
+
 def run_suite(tmp_path, monkeypatch, result: dict, gpu_node) -> tuple[Checker, list[dict], list]:
     """The suite's test on ``gpu_node`` with a real Checker, its probe pod's output ``result``."""
     module, asked = suite("topology"), []
 
-    def probe_on(run, target, n, count, limits, args=(), prefix="probe"):
+    def probe_on(run, target, n, count, limits, args=(), prefix="probe", lane=None):
         asked.append((n.name, count, limits, prefix))
         return [result]
 
@@ -115,7 +120,8 @@ def run_suite(tmp_path, monkeypatch, result: dict, gpu_node) -> tuple[Checker, l
     checker = Checker(run_dir, module.FEATURE, gpu_node)
     try:
         module.test_the_gpus_of_a_pod_share_nvlink(needs_real_gpus=None, gpu_node=gpu_node, run=None,
-                                                   target=SimpleNamespace(cluster=None), check=checker)
+                                                   target=SimpleNamespace(cluster=None), check=checker,
+                                                   fanout=INLINE, request=SimpleNamespace(node=None))
     except pytest.skip.Exception:
         pass
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()], asked
