@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import statistics
 import threading
 import time
@@ -97,12 +98,22 @@ class Lane:
 
     def __init__(self, job: "Job"):
         self.job = job
-        self.labels = {FANOUT_LABEL: job.name}
+        self.labels = {FANOUT_LABEL: job.label}
         self.stop = job.fan.stop
 
+    @contextlib.contextmanager
     def pods(self, count: int = 1):
         """Hold ``count`` of the ``--parallel`` pod slots while the pods run."""
-        return self.job.fan.budget.take(count, self.stop)
+        job = self.job
+        with job.fan.budget.take(count, self.stop):
+            with job.lock:
+                job.in_flight += count
+                job.most = max(job.most, job.in_flight)
+            try:
+                yield
+            finally:
+                with job.lock:
+                    job.in_flight -= count
 
     def wait_done(self, name: str, timeout: float):
         return self.job.watch().wait_done(name, timeout, self.stop)
@@ -116,11 +127,16 @@ class Job:
 
     def __init__(self, fan: "FanOut", name: str, function: Any, members: list, work: Callable):
         self.fan, self.name, self.function, self.work = fan, name, function, work
+        self.label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:63] or "job"    # a label value
         self.members = members
         self.futures: dict[str, Future] = {n.name: Future() for n in members}
         self.started: dict[str, float] = {}
         self.took: dict[str, float] = {}
         self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0          # this check's pods now, and the most at once
+        self.ended = 0                          # nodes whose work has ended
+        self.skipped = 0
         self.lane = Lane(self)
         self._watch = None
         self._watch_lock = threading.Lock()
@@ -131,7 +147,7 @@ class Job:
             if self._watch is None:
                 from ..cluster.podwatch import PodWatch
 
-                self._watch = PodWatch(self.fan.run, f"{FANOUT_LABEL}={self.name}")
+                self._watch = PodWatch(self.fan.run, f"{FANOUT_LABEL}={self.label}")
             return self._watch
 
     def run_one(self, node) -> None:
@@ -139,15 +155,23 @@ class Job:
         if not fut.set_running_or_notify_cancel():
             return
         self.started[node.name] = time.monotonic()
+        value, error = None, None
         try:
             value = self.work(node, self.lane)
         except BaseException as exc:          # noqa: BLE001  (handed to the node's own test item)
-            fut.set_exception(exc)
+            error = exc
+        with self.lock:
+            self.took[node.name] = time.monotonic() - self.started[node.name]
+            self.ended += 1
+            self.skipped += isinstance(error, NodeSkip)
+            last = self.ended == len(self.members)
+        if last:                              # the check's summary line comes before its last verdict
+            self.fan._report_end(self)
+        if error is not None:
+            fut.set_exception(error)
         else:
             fut.set_result(value)
-        finally:
-            self.took[node.name] = time.monotonic() - self.started[node.name]
-            self.fan.wake()
+        self.fan.wake()
 
     def counts(self) -> tuple[int, int, int]:
         done = sum(1 for f in self.futures.values() if f.done())
@@ -248,8 +272,6 @@ class FanOut:
                 job.futures[node.name].cancel()
                 break
             job.run_one(node)
-            if job.finished():
-                self._report_end(job)
 
     def wake(self) -> None:
         with self._cond:
@@ -293,14 +315,13 @@ class FanOut:
         wall = time.monotonic() - job.t0
         took = dict(job.took)
         job.close_watch()
-        skipped = sum(1 for f in job.futures.values() if f.done() and not f.cancelled()
-                      and isinstance(f.exception(), NodeSkip))
+        skipped = job.skipped
         if len(job.members) > 1 and took:
             total = sum(took.values())
             med = statistics.median(took.values())
             slow, slow_s = max(took.items(), key=lambda kv: kv[1])
             line = (f"{job.name}: {len(took)} nodes in {wall:.1f}s (the nodes' own times add up to {total:.1f}s; "
-                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {self.budget.most} pods in flight)")
+                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {job.most} pods in flight)")
             if skipped:
                 line += f"; {skipped} node(s) skipped, see their checks"
             self.say(line)
@@ -308,7 +329,7 @@ class FanOut:
             p = {"job": job.name, "nodes": len(job.members), "parallel": self.parallel}
             recs = [MetricRecord("fanout", "wall_s", wall, "s", dict(p)),
                     MetricRecord("fanout", "node_sum_s", sum(took.values()), "s", dict(p)),
-                    MetricRecord("fanout", "max_pods_in_flight", float(self.budget.most), "pods", dict(p))]
+                    MetricRecord("fanout", "max_pods_in_flight", float(job.most), "pods", dict(p))]
             recs += [MetricRecord("fanout", "node_s", s, "s", dict(p), node=n) for n, s in sorted(took.items())]
             with contextlib.suppress(Exception):       # a record of timing never fails a check
                 self.run_dir.add_metrics(recs)
