@@ -137,6 +137,9 @@ class Fault:
     device_plugin_config: dict = dataclasses.field(default_factory=dict)
     # kubelet nodes: images the node's containerd lacks (NODE_IMAGES): pods of them never start there
     missing_images: list[str] = dataclasses.field(default_factory=list)
+    # kubelet nodes: the share of one CPU core (percent) the node's pods may use together, set as the CFS quota of
+    # the kubelet's kubepods cgroup: a slow node made real (the workloads take their CPU path on these nodes)
+    cpu_percent: int | None = None
 
     @property
     def unmanaged(self) -> bool:
@@ -197,6 +200,11 @@ class Pool:
         for fault in self.faults_for(index):
             config = deep_merge(config, fault.device_plugin_config)
         return config
+
+    def cpu_percent(self, index: int) -> int | None:
+        """The CPU share (percent of one core) node ``index``'s pods are held to (kubelet nodes), None: no limit."""
+        limits = [fault.cpu_percent for fault in self.faults_for(index) if fault.cpu_percent is not None]
+        return min(limits) if limits else None
 
     def missing_images(self, index: int) -> set[str]:
         """Images node ``index``'s containerd lacks (kubelet nodes)."""

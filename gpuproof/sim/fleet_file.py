@@ -238,6 +238,10 @@ def _parse_fault(f: _Fields) -> Fault:
             f.fail(f"missingImages[{i}]", f"{image!r} is not an image a kubelet node can lack: "
                                           f"{', '.join(NODE_IMAGES)}")
         fault.missing_images.append(image)
+    cpu = f.get("cpuPercent")
+    if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or not 1 <= cpu <= 10000):
+        f.fail("cpuPercent", f"must be a whole number of percent of one CPU core, 1 to 10000, got {_kind(cpu)} {cpu!r}")
+    fault.cpu_percent = cpu
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
         f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
@@ -328,6 +332,8 @@ KUBELET_NODE_FAULTS = {
                                                    "node's pod; on kwok nodes it runs once, with the pool's config"),
     "missingImages": ("missing_images", "is for kubelet nodes, whose containerd holds images; kwok nodes run no "
                                         "container"),
+    "cpuPercent": ("cpu_percent", "is for kubelet nodes, whose pods run on this machine's CPU; kwok nodes run no "
+                                  "container"),
 }
 
 
@@ -344,8 +350,8 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
         if fault != Fault(node=fault.node, nvml_failures=fault.nvml_failures,
                           **{attr: getattr(fault, attr) for attr, _ in KUBELET_NODE_FAULTS.values()}):
             f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
-                                   "devicePluginConfig and missingImages: their labels, resources and state are what "
-                                   "NVIDIA's software and the kubelet make of them")
+                                   "devicePluginConfig, missingImages and cpuPercent: their labels, resources and "
+                                   "state are what NVIDIA's software and the kubelet make of them")
 
 
 def _check_scheme(pool: Pool, f: _Fields) -> None:

@@ -691,6 +691,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         (state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE).write_text(json.dumps(workload_image(workloads[1]).to_json()))
     clusternet.deploy(client, state, progress)
     client.wait_nodes_ready([n.name for n, _ in wanted], timeout=timeout)
+    kubelet_faults.limit_pod_cpu(CGROUP / "cpu" / state.cgroup, wanted, progress)
     if gpu:
         _start_nfd_master(sim_dir, state, nfd, client)
         _create(client, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLUGIN_NAMESPACE}},

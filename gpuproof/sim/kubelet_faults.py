@@ -11,6 +11,9 @@ The fault only changes what the node holds; the kubelet, containerd and NVIDIA's
 - ``missingImages``: images the node's containerd lacks (``workloads``: the image gpuproof's workload pods run in).
   A pod of it stays ``ErrImageNeverPull`` there (``imagePullPolicy: Never``: the nodes reach no registry), which
   :mod:`gpuproof.cluster`'s waits take as a pod that never starts.
+- ``cpuPercent``: the share of one CPU core the node's pods may use together, written as the CFS quota of the
+  kubelet's ``kubepods`` cgroup once the node is Ready (the kernel then throttles them): a slow node, made by the
+  kernel, for the census to find among its peers.
 """
 
 from __future__ import annotations
@@ -78,3 +81,27 @@ def _last_error(client, pod) -> str:
     last = [c.last_state.terminated for c in pod.status.container_statuses or []
             if c.last_state and c.last_state.terminated]
     return f"exited {last[0].exit_code}" if last else "exited"
+
+
+CFS_PERIOD_US = 100_000
+
+
+def limit_pod_cpu(cpu_root: Path, wanted: list[tuple], progress: Progress) -> dict[str, int]:
+    """Hold the pods of each node with a ``cpuPercent`` fault to that share of one core: ``cpu_root`` is the cluster's
+    group in the cpu hierarchy, whose ``<node>/kubepods`` the kubelet made. Returns node -> percent."""
+    limited = {}
+    for node, pool in wanted:
+        pct = pool.cpu_percent(pool.node_names().index(node.name))
+        if pct is None:
+            continue
+        group = cpu_root / node.name / "kubepods"
+        if not (group / "cpu.cfs_quota_us").exists():
+            progress(f"cpuPercent on {node.name} not applied: the kubelet made no {group}")
+            continue
+        (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (group / "cpu.cfs_quota_us").write_text(str(CFS_PERIOD_US * pct // 100))
+        limited[node.name] = pct
+    if limited:
+        progress("pods held to " + ", ".join(f"{pct}% of a core on {n}" for n, pct in sorted(limited.items()))
+                 + " (cpuPercent: the kubepods cgroup's CFS quota)")
+    return limited
