@@ -235,7 +235,9 @@ class FanOut:
             job = Job(self, name or getattr(item, "originalname", item.name), function, members, work)
             self.jobs[function] = job
         if len(members) > 1:
-            self.say(f"{job.name}: {len(members)} nodes at once, at most {self.parallel} pods in flight (--parallel)")
+            plural = "s" if self.parallel > 1 else ""
+            self.say(f"{job.name}: {len(members)} nodes at once, at most {self.parallel} pod{plural} in flight "
+                     f"(--parallel)")
         self._grow(min(self.parallel, len(members)))
         for n in members:
             self._queue.put((job, n))
@@ -321,7 +323,8 @@ class FanOut:
             med = statistics.median(took.values())
             slow, slow_s = max(took.items(), key=lambda kv: kv[1])
             line = (f"{job.name}: {len(took)} nodes in {wall:.1f}s (the nodes' own times add up to {total:.1f}s; "
-                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {job.most} pods in flight)")
+                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {job.most} "
+                    f"pod{'s' if job.most != 1 else ''} in flight)")
             if skipped:
                 line += f"; {skipped} node(s) skipped, see their checks"
             self.say(line)
