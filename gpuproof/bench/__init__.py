@@ -15,3 +15,4 @@ from .base import REGISTRY, Benchmark, get, names, register  # noqa: F401
 from .benchmarks import run_and_record  # noqa: F401  (importing it registers the benchmarks)
 from . import health  # noqa: F401,E402  (registers the health benchmark)
 from . import hbm  # noqa: F401,E402  (registers the hbm benchmark)
+from . import census  # noqa: F401,E402  (registers the census benchmark)

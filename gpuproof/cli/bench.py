@@ -134,6 +134,10 @@ def _headline(name: str, result: dict) -> str:
         from ..bench.health import headline
 
         return headline(result)
+    if name == "census":
+        from ..bench.census import headline as census_headline
+
+        return census_headline(result)
     if name == "inference":
         load = result.get("load") or {}
         cap = load.get("at_capacity") or {}
