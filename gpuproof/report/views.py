@@ -33,7 +33,7 @@ def canonical_metric(benchmark: str, metric: str) -> str:
 
 # Direction of "better" when a rules file does not say: patterns on "benchmark/metric".
 _LOWER = ("*latency*", "*_ms", "*_s", "*seconds*", "*error*", "*fail*", "*time*", "*duration*", "*loss*")
-_HIGHER = ("*tflops*", "*bw*", "*bandwidth*", "*throughput*", "*rps*", "*goodput*", "*ratio_to_peak*")
+_HIGHER = ("*tflops*", "*bw*", "*bandwidth*", "*gbps*", "*throughput*", "*rps*", "*goodput*", "*ratio_to_peak*")
 
 
 def default_direction(benchmark: str, metric: str) -> str:
