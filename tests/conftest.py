@@ -4,14 +4,20 @@ Tests that need another fleet load it with ``fleet_loaded(...)``, which swaps th
 simulated nodes (the control plane keeps running) and puts the mixed fleet back after.
 Suites are run as real pytest subprocesses against the cluster's kubeconfig, exactly
 as a user would run them.
+
+Each test is given a tier (``unit``, ``server``, ``cluster``, ``build``, ``kubelet``) from the fixtures it uses
+and its markers, and the unit tier is guarded (see "tiers" below; ``pytest -m unit`` runs the pure tier).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -154,3 +160,250 @@ def stub(tmp_path_factory):
         yield url
     finally:
         assert stop_process(proc)["ok"]
+
+
+# ------------------------------------------------------------------ tiers
+#
+# Every test is in one tier, its heaviest need, and carries that tier's marker (heaviest first):
+#   kubelet  kubelet nodes: a private cluster with them, `gpuproof run --fleet <lab-like>` as a process
+#   build    a wheel, a virtualenv, a Go build
+#   cluster  the shared embedded cluster, or a control plane of the test's own
+#   server   a child process: an inference server, a load process, a workload, the CLI, a tool
+#   unit     none of these: pure and in-process (`pytest -m unit`: under a minute on 2 cores)
+# The tier is decided where the need is: by the fixtures a test uses, through its whole fixture closure
+# (FIXTURE_TIERS: a new test that takes `embedded`, `run_in` or a fixture built on them is `cluster`
+# without a word); by a marker on the test or its module where the test starts something itself; and by
+# the older markers (`sim` means at least `cluster`). What is left is `unit`, and the unit tier is guarded:
+# a unit test that starts a process (subprocess, fork, os.system: from its thread or one it starts) or asks
+# for a tiered fixture by name at run time fails, naming what it started and how to tier it; a `unit`
+# marker cannot pull a heavier test into the tier. So a test cannot sit in the wrong tier unnoticed, in a
+# run of the unit tier or of the whole suite (tests/test_tiers.py tests the guard).
+
+TIERS = ("kubelet", "build", "cluster", "server")          # heaviest first
+UNIT = "unit"
+
+# fixtures that start what a tier stands for: "file.py::name" (the file the fixture is written in) -> (tier, why)
+FIXTURE_TIERS = {
+    "conftest.py::embedded": ("cluster", "the shared embedded cluster: a control plane and kwok nodes"),
+    "conftest.py::stub": ("server", "workloads/loadstub.py as a process"),
+    "test_aiperf_parity.py::timed_stub": ("server", "workloads/loadstub.py as a process"),
+    "test_aiperf_parity.py::aiperf": ("server", "AIPerf, and its tokenizer built in a child process"),
+    "test_workloads_inference.py::server": ("server", "the CPU-path inference server as a process"),
+    "test_hbm.py::cpu_result": ("server", "workloads/hbm.py as a process"),
+    "test_nvml_mock.py::software": ("server", "NVIDIA's mock NVML (built under CI when missing); its users run "
+                                              "workloads and probes over it as processes"),
+    "test_kind_configs.py::loaded": ("server", "tools/kindcheck (kind's own config loading, in Go) as a process"),
+    "test_packaging.py::wheel": ("build", "builds gpuproof's wheel (and the venvs on it)"),
+    "test_kubelet_net.py::cluster": ("kubelet", "a private cluster with kubelet nodes"),
+    "test_kubelet_dra.py::dra_cluster": ("kubelet", "a private cluster with a DRA kubelet node"),
+}
+
+# older markers: the lightest tier each one implies
+MARK_TIERS = {"sim": "cluster"}
+
+TIER_KEY = pytest.StashKey[str]()
+TIER_WHY = pytest.StashKey[str]()
+TIER_ERROR = pytest.StashKey[str]()
+_ran: dict[str, list] = {}         # tier -> [tests, seconds] of this session
+_slow_units: list[tuple[float, str]] = []
+SLOW_UNIT_S = 3.0                  # a unit test this slow is named at the end of the session
+
+
+def _fixture_tier(fixturedef) -> tuple[str, str] | None:
+    module = getattr(fixturedef.func, "__module__", None) or ""
+    return FIXTURE_TIERS.get(f"{module.rsplit('.', 1)[-1]}.py::{fixturedef.argname}")
+
+
+def _heaviest(found):
+    return min(found, key=lambda t: TIERS.index(t[0])) if found else None
+
+
+def _closure_tier(fixturedefs_of, names) -> tuple[str, str] | None:
+    """The heaviest tier among these fixtures and everything they request: the closest definition of each
+    name, and the ones it overrides where it asks for its own name."""
+    found, seen, todo = [], set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        defs = list(fixturedefs_of(name) or ())
+        while defs:
+            fixturedef = defs.pop()
+            if hit := _fixture_tier(fixturedef):
+                found.append((hit[0], f"fixture {name!r}: {hit[1]}"))
+            todo.extend(n for n in fixturedef.argnames if n != name)
+            if name not in fixturedef.argnames:
+                break
+    return _heaviest(found)
+
+
+def item_tier(item) -> tuple[str, str, str | None]:
+    """(tier, why, what is wrong with its markers or None) of a collected test."""
+    found = []
+    info = getattr(item, "_fixtureinfo", None)
+    if info is not None and (hit := _closure_tier(info.name2fixturedefs.get, info.names_closure)):
+        found.append(hit)
+    found += [(tier, f"marked {tier}") for tier in TIERS if item.get_closest_marker(tier)]
+    found += [(tier, f"marked {mark}") for mark, tier in MARK_TIERS.items() if item.get_closest_marker(mark)]
+    if found:
+        tier, why = _heaviest(found)
+        wrong = (f"it is marked unit, but its tier is {tier} ({why}); a unit marker cannot make a test pure"
+                 if item.get_closest_marker(UNIT) else None)
+        return tier, why, wrong
+    if item.get_closest_marker("slow"):
+        return UNIT, "marked slow only", ("it is marked slow but has no tier: mark it with the tier of what makes "
+                                          f"it slow ({', '.join(TIERS)}); the unit tier has a minute in all")
+    return UNIT, "no fixture or marker of another tier", None
+
+
+@pytest.hookimpl(tryfirst=True)       # before -m selects on the markers added here
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        tier, why, wrong = item_tier(item)
+        item.stash[TIER_KEY], item.stash[TIER_WHY] = tier, why
+        if wrong:
+            item.stash[TIER_ERROR] = wrong
+        if not item.get_closest_marker(tier):
+            item.add_marker(tier)
+
+
+# ---- the unit tier's guard
+
+
+class _Guard:
+    """While a unit test sets up and runs: no process may start (from its thread or a thread it starts) and no
+    tiered fixture may be asked for by name."""
+
+    def __init__(self, item):
+        self.item, self.violations, self.undo = item, [], []
+        self.thread = threading.current_thread()
+
+    def mine(self) -> bool:
+        """Whether the running thread is the test's (not, say, a watch thread of a cluster started earlier)."""
+        thread = threading.current_thread()
+        return thread is self.thread or self in getattr(thread, "_unit_guards", ())
+
+    def violate(self, what: str):
+        msg = (f"{self.item.nodeid} is in the unit tier ({self.item.stash.get(TIER_WHY, '')}) but {what}. Mark "
+               f"the test or its module with the tier of what it starts ({', '.join(TIERS)}), or, for a fixture, "
+               f"add it to FIXTURE_TIERS in tests/conftest.py")
+        self.violations.append(msg)
+        pytest.fail(msg)
+
+    def patch(self, owner, name, make):
+        original = getattr(owner, name, None)
+        if original is not None:
+            self.undo.append((owner, name, original))
+            setattr(owner, name, make(original))
+
+    def __enter__(self):
+        import _posixsubprocess
+
+        from _pytest.fixtures import FixtureRequest
+
+        guard = self
+
+        def blocking(describe):
+            def make(original):
+                def blocked(*args, **kwargs):
+                    if guard.mine():
+                        guard.violate(f"starts a process ({describe(args)[:300]})")
+                    return original(*args, **kwargs)
+                return blocked
+            return make
+
+        def command(args):
+            cmd = args[1] if len(args) > 1 else "?"
+            return "subprocess: " + (" ".join(map(str, cmd)) if isinstance(cmd, (list, tuple)) else str(cmd))
+
+        self.patch(subprocess.Popen, "_execute_child", blocking(command))     # run, Popen, check_output, asyncio
+        self.patch(_posixsubprocess, "fork_exec", blocking(lambda args: "_posixsubprocess.fork_exec"))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            self.patch(os, name, blocking(lambda args, name=name: f"os.{name}" + (f" {args[0]}" if args else "")))
+
+        def tag(original):
+            def start(thread, *args, **kwargs):
+                if guard.mine():
+                    thread._unit_guards = (*getattr(thread, "_unit_guards", ()), guard)
+                return original(thread, *args, **kwargs)
+            return start
+
+        self.patch(threading.Thread, "start", tag)
+
+        def asked(original):
+            def getfixturevalue(request, argname):
+                if guard.mine():
+                    defs = request._fixturemanager.getfixturedefs
+                    if hit := _closure_tier(lambda name: defs(name, request.node), [argname]):
+                        guard.violate(f"asks for a {hit[0]}-tier fixture at run time ({hit[1]})")
+                return original(request, argname)
+            return getfixturevalue
+
+        self.patch(FixtureRequest, "getfixturevalue", asked)
+        return self
+
+    def __exit__(self, *exc):
+        while self.undo:
+            owner, name, original = self.undo.pop()
+            setattr(owner, name, original)
+        return False
+
+
+def _guarded(item):
+    if item.stash.get(TIER_KEY, None) != UNIT:
+        return (yield)
+    with _Guard(item) as guard:
+        try:
+            result = yield
+        except pytest.fail.Exception as exc:
+            if guard.violations and exc.msg not in guard.violations:
+                raise pytest.fail.Exception(guard.violations[0], pytrace=False) from None
+            raise                     # the violation itself, with the line that started the process
+        except BaseException:
+            if guard.violations:
+                raise pytest.fail.Exception(guard.violations[0], pytrace=False) from None
+            raise
+    if guard.violations:              # what a thread or a broad `except` swallowed
+        pytest.fail(guard.violations[0], pytrace=False)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    if wrong := item.stash.get(TIER_ERROR, None):
+        pytest.fail(f"{item.nodeid}: {wrong}", pytrace=False)      # before any fixture is set up
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _guarded(item))
+
+
+# ---- each tier's time, at the end of the session
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        tier, took = item.stash.get(TIER_KEY, UNIT), time.monotonic() - start
+        count = _ran.setdefault(tier, [0, 0.0])
+        count[0] += 1
+        count[1] += took
+        if tier == UNIT and took > SLOW_UNIT_S:
+            _slow_units.append((took, item.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _ran:
+        return
+    order = (UNIT, *reversed(TIERS))
+    terminalreporter.write_line("tiers: " + "; ".join(
+        f"{tier} {_ran[tier][0]} tests {_ran[tier][1]:.1f} s" for tier in order if tier in _ran))
+    for took, nodeid in sorted(_slow_units, reverse=True)[:10]:
+        terminalreporter.write_line(f"tiers: a unit test took {took:.1f} s (over {SLOW_UNIT_S:g} s; the unit tier "
+                                    f"has a minute in all): {nodeid}")

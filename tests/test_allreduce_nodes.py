@@ -67,6 +67,7 @@ def test_mark_stragglers_names_the_node_and_the_figure():
 # ---------------------------------------------------------------- one rank
 
 
+@pytest.mark.server  # tier: workloads/allreduce.py as processes
 def test_one_rank_records_no_bandwidth_and_says_why():
     result, err = run_allreduce("--sizes", "8,1K")
     assert result["ok"] and result["world_size"] == 1
@@ -84,6 +85,7 @@ def test_one_rank_records_no_bandwidth_and_says_why():
 # ---------------------------------------------------------------- several nodes (simulated)
 
 
+@pytest.mark.server  # tier: workloads/allreduce.py as processes
 def test_three_nodes_one_slow_rank_is_named_straggler():
     result, err = run_allreduce("--nproc", "3", "--ranks-per-node", "1", "--sizes", "4K", "--node-bytes", "64K",
                                 slow_rank=2)
@@ -106,6 +108,7 @@ def test_three_nodes_one_slow_rank_is_named_straggler():
     assert count.value == 1 and count.parameters["names"] == slow and count.node == "3 nodes"
 
 
+@pytest.mark.server  # tier: workloads/allreduce.py as processes
 def test_two_nodes_of_two_ranks_intra_node_straggler():
     result, _ = run_allreduce("--nproc", "4", "--ranks-per-node", "2", "--sizes", "4K", "--node-bytes", "64K",
                               slow_rank=3)
@@ -119,6 +122,7 @@ def test_two_nodes_of_two_ranks_intra_node_straggler():
 
 
 @pytest.mark.parametrize("bad", [["--nproc", "3", "--ranks-per-node", "2"], ["--straggler-pct", "0"]])
+@pytest.mark.server  # tier: workloads/allreduce.py as processes
 def test_bad_node_arguments(bad):
     p = subprocess.run([sys.executable, str(workloads_dir() / "allreduce.py"), "--device", "cpu", *bad],
                        capture_output=True, text=True, timeout=60)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
 from gpuproof.cli.main import main
 from gpuproof.results import load_table
@@ -30,6 +31,7 @@ def test_all_with_sizes_is_ambiguous(capsys, tmp_path):
     assert "--matmul-sizes" in capsys.readouterr().err
 
 
+@pytest.mark.server  # tier: gpuproof bench --local as a process
 def test_local_probe_writes_a_run_folder(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gpuproof.cli", "bench", "--local", "probe", "--device", "cpu",
                            "--threads", "1", "--out", str(tmp_path), "--run-id", "b1", "--quiet"],

@@ -13,6 +13,8 @@ import pytest
 from gpuproof.bench import get, run_and_record
 from gpuproof.results import RunDir
 
+pytestmark = pytest.mark.server  # tier: each test runs a workload as a process
+
 pytest.importorskip("torch", reason="the workloads run on this host with gpuproof's 'bench' extra")
 
 

@@ -141,6 +141,7 @@ def test_binaries_another_checkout_or_install_built_are_found_without_go(clean_e
     assert set(found.sources.values()) == {"build cache"}
 
 
+@pytest.mark.build  # tier: a Go build (a stand-in go)
 def test_a_build_goes_to_its_modules_cache_folder(clean_env, monkeypatch):
     """The plumbing around `go build` (one folder per module, built once), with a stand-in for go."""
     bindir = clean_env / "gobin"

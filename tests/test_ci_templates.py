@@ -48,6 +48,7 @@ def steps() -> dict[str, dict]:
     return {s.get("name") or s.get("uses"): s for s in workflow()["jobs"]["nightly"]["steps"]}
 
 
+@pytest.mark.server  # tier: actionlint as a process
 def test_actionlint_accepts_the_nightly_workflow():
     proc = actionlint(WORKFLOW)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -66,6 +67,7 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
+@pytest.mark.server  # tier: actionlint as a process
 def test_actionlint_refuses_a_broken_copy(case, tmp_path):
     good, bad, says = BROKEN[case]
     text = WORKFLOW.read_text()
@@ -161,6 +163,7 @@ def synthetic(tmp_path):
     return reports
 
 
+@pytest.mark.server  # tier: the template's step in bash, gpuproof's CLI in it
 def test_rules_decide_the_exit_code(tmp_path, synthetic):
     runner = Runner(tmp_path, {"REPORT_DIR": str(synthetic), "BASELINE": str(tmp_path / "baseline.json"),
                                "RULES": str(tmp_path / "rules.yaml")})
@@ -191,6 +194,7 @@ def test_rules_decide_the_exit_code(tmp_path, synthetic):
     assert proc.returncode == 1 and "the rules were not checked" in proc.stdout
 
 
+@pytest.mark.server  # tier: the template's step in bash, gpuproof's CLI in it
 def test_a_benchmark_figure_missing_from_the_run_fails_the_rules(tmp_path, synthetic):
     """--strict: a figure the baseline has and the run lacks (a benchmark that did not run) is a failure."""
     import json

@@ -21,6 +21,7 @@ def test_run_passes_target_options_to_pytest():
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["sim"], ["sim", "up"], ["clean"], ["bench"], ["report"]])
+@pytest.mark.server  # tier: gpuproof's CLI (or pytest) as a process
 def test_help_explains(command):
     proc = subprocess.run([sys.executable, "-m", "gpuproof.cli", *command, "--help"], capture_output=True,
                           text=True, timeout=60)
@@ -44,11 +45,13 @@ def test_run_finds_its_suites_through_the_package():
     assert (Path(__file__).parents[1] / "suites" / "test_taints.py").samefile(suites / "test_taints.py")
 
 
+@pytest.mark.server  # tier: gpuproof's CLI (or pytest) as a process
 def test_python_dash_m_gpuproof():
     proc = subprocess.run([sys.executable, "-m", "gpuproof", "--version"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("gpuproof "), proc.stderr
 
 
+@pytest.mark.server  # tier: gpuproof's CLI (or pytest) as a process
 def test_plugin_options_have_canonical_names_and_short_aliases(tmp_path):
     """--gpuproof-* are the canonical names; the short names stay as aliases for the same option."""
     (tmp_path / "test_opts.py").write_text(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.server  # tier: each test runs gpuproof's CLI as a process
+
 BAD_FLEET = """\
 name: broken
 pools:

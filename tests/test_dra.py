@@ -102,6 +102,7 @@ def test_quantities():
 # ---------------------------------------------------------------------------- reading the cluster
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_discovery_tells_how_gpus_are_offered():
     d = _discovered(dra_fleet())
     offers = {n.name: n.offers for n in d.gpu_nodes}
@@ -111,6 +112,7 @@ def test_discovery_tells_how_gpus_are_offered():
     assert d.node("h100-dra-0").dra_only and not d.node("l40s-both-0").dra_only
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_node_known_only_through_slices_is_a_gpu_node():
     """No GFD, no capacity, no cloud label: the slices alone make it a GPU node, with product and count."""
     fleet = dra_fleet()
@@ -127,6 +129,7 @@ def test_node_known_only_through_slices_is_a_gpu_node():
     assert dra.attribute_mismatches(node)[0] == []          # checked against the catalog instead
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_cluster_without_the_dra_api_is_not_a_dra_cluster():
     fleet = load_fleet("mixed")
     d = discover(fleet.node_objects(), slices=None)
@@ -139,6 +142,7 @@ def test_cluster_without_the_dra_api_is_not_a_dra_cluster():
     ("cudaComputeCapability", "8.0.0", "cudaComputeCapability '8.0.0' != 9.0"),
     ("driverVersion", "535.104.5", "driverVersion '535.104.5' != '570.133.20'"),
 ])
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_each_attribute_disagreement_is_named(attribute, value, needle):
     fleet = dra_fleet()
     _pool(fleet, "h100-dra")["faults"] = [{"node": 1, "draSetAttributes": {attribute: value}}]
@@ -149,6 +153,7 @@ def test_each_attribute_disagreement_is_named(attribute, value, needle):
     assert bad[0].startswith("gpu-0 ")
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_memory_against_labels_and_mig_memory():
     fleet = dra_fleet()
     _pool(fleet, "h100-dra")["faults"] = [{"node": 0, "setLabels": {"nvidia.com/gpu.memory": "40000"}}]
@@ -160,6 +165,7 @@ def test_memory_against_labels_and_mig_memory():
     assert len(bad) == 2 and all("3g.40gb" in b for b in bad), bad
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_device_counts_against_labels():
     fleet = dra_fleet()
     _pool(fleet, "h100-dra")["faults"] = [{"node": 1, "draDropDevices": ["gpu-7"]}]
@@ -171,6 +177,7 @@ def test_device_counts_against_labels():
     assert dra.expected_devices(d.node("a100-mig-dra-0"))[0]["mig:3g.40gb"] == 2
 
 
+@pytest.mark.server  # tier: the fleet's labels come from GFD run under the mock NVML
 def test_a_device_published_twice_is_found():
     fleet = dra_fleet()
     _pool(fleet, "h100-dra")["faults"] = [{"node": 0, "draDuplicateDevice": True}]

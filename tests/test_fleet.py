@@ -78,6 +78,7 @@ def _pool(name: str, spec: dict) -> dict:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.server  # tier: GFD run under the mock NVML
 def test_pool_nodes_match_device_plugin_and_gfd(case):
     spec, resources, labels, absent = CASES[case]
     fleet = parse_fleet({"name": "t", "pools": [_pool(case, spec)]})
@@ -110,6 +111,7 @@ def test_shipped_fleets_are_valid():
     assert mixed.node_count == 6
 
 
+@pytest.mark.server  # tier: GFD run under the mock NVML
 def test_faults_change_only_the_named_node():
     fleet = parse_fleet({"pools": [{"name": "a", "count": 2, "gpu": {"product": "NVIDIA-L4", "count": 1},
                                     "faults": [{"node": 1, "setCapacity": {"nvidia.com/gpu": "3"},
@@ -193,6 +195,7 @@ def test_missing_and_empty_fleet_files(tmp_path):
         load_fleet(tmp_path / "empty.yaml")
 
 
+@pytest.mark.server  # tier: GFD run under the mock NVML
 def test_mock_says_every_gpu_can_mig():
     """A limit of NVIDIA's mock, kept as it is: its GetMigMode answers for every GPU (engine/device.go), so
     GFD labels mig.capable=true on an L4 too, where real NVML answers Not Supported."""

@@ -8,6 +8,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.server  # tier: runs benchmarks/gpu_run.sh and its workloads
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

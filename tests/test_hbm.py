@@ -107,6 +107,7 @@ def test_cpu_run_ratio_with_a_named_product(cpu_result):
         assert row["peak_gbps"] == 3350.0 and row["ratio_to_peak"] == pytest.approx(row["gbps"] / 3350.0)
 
 
+@pytest.mark.server  # tier: workloads/hbm.py as a process
 def test_cpu_run_without_product_has_no_ratio_and_says_why():
     code, r, _ = run_hbm("--kernels", "read")
     assert code == 0 and [row["kernel"] for row in r["results"]] == ["read"]
@@ -114,6 +115,7 @@ def test_cpu_run_without_product_has_no_ratio_and_says_why():
     assert "--product" in r["ratio_note"]
 
 
+@pytest.mark.server  # tier: workloads/hbm.py as a process
 def test_bad_arguments_exit_2():
     code, r, _ = run_hbm("--kernels", "triad")
     assert code == 2 and r["ok"] is False and "triad" in r["error"]

@@ -389,6 +389,7 @@ def test_failed_items_become_failed_checks_naming_node_expected_actual(tmp_path)
 BENCH_ARGS = ["bench", "--local", "health", "--device", "cpu", "--threads", "1", "--run-id", "h1", "--quiet"]
 
 
+@pytest.mark.server  # tier: gpuproof bench --local as a process
 def test_cpu_path_end_to_end_through_gpuproof_bench(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gpuproof.cli", *BENCH_ARGS, "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
@@ -409,6 +410,7 @@ def check_bench_run(proc, tmp_path):
     assert any(m["metric"] == "verdict" and m["benchmark"] == "health" for m in metrics)
 
 
+@pytest.mark.server  # tier: workloads/health.py as a process
 def test_the_workload_prints_one_json_line():
     from gpuproof.bench.workloads import workloads_dir
 

@@ -2,11 +2,14 @@
 
 import copy
 
+import pytest
 import yaml
 
 from gpuproof.sim.fleet_file import parse_fleet, resolve_fleet_path
 from gpuproof.discovery.inventory import snapshot_from_nodes
 from gpuproof.report.inventory_diff import diff_inventories
+
+pytestmark = pytest.mark.server  # tier: each fleet's labels come from GFD run under the mock NVML
 
 
 def _mixed() -> dict:

@@ -95,6 +95,7 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))
+@pytest.mark.server  # tier: tools/kindcheck as a process
 def test_a_broken_config_fails_kinds_validation(case, tmp_path):
     source, (old, new), says = BROKEN[case]
     text = (CONFIGS / source).read_text()
@@ -107,6 +108,7 @@ def test_a_broken_config_fails_kinds_validation(case, tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, "one line per broken file"
 
 
+@pytest.mark.server  # tier: tools/kindcheck as a process
 def test_kindcheck_takes_the_name_as_kind_create_does(tmp_path):
     unnamed = tmp_path / "unnamed.yaml"
     unnamed.write_text("kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\n")
@@ -130,6 +132,7 @@ SCRIPTS = sorted(CONFIGS.glob("*.setup.sh"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+@pytest.mark.server  # tier: bash -n
 def test_setup_script_parses(script):
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -137,6 +140,7 @@ def test_setup_script_parses(script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+@pytest.mark.server  # tier: the setup script in bash
 def test_setup_script_says_what_is_missing(script, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("KIND_CLUSTER_NAME", "KUBECONFIG")}
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=30)
@@ -152,6 +156,7 @@ def test_setup_script_says_what_is_missing(script, tmp_path):
     assert proc.returncode == 1 and "needs `" in proc.stderr and "` on PATH" in proc.stderr, proc.stderr
 
 
+@pytest.mark.server  # tier: tools/kindcheck as a process
 def test_containerd_patches_are_merged_as_kind_merges_them(tmp_path):
     """No shipped config patches containerd yet; one that does is merged with kind's TOML patcher."""
     head = "kind: Cluster\napiVersion: kind.x-k8s.io/v1alpha4\nname: patched\ncontainerdConfigPatches:\n  - |-\n"

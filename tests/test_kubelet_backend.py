@@ -81,6 +81,7 @@ def test_without_root_kubelet_pools_are_left_out_in_one_line(tmp_path, monkeypat
 
 
 @pytest.mark.sim
+@pytest.mark.kubelet  # tier: a private cluster with kubelet nodes
 @needs_kubelet
 def test_nvidia_pods_advertise_label_and_refuse_two_shared_gpus(tmp_path):
     from gpuproof.cluster.api import connect, watch_until
@@ -144,6 +145,7 @@ def test_nvidia_pods_advertise_label_and_refuse_two_shared_gpus(tmp_path):
 
 
 @pytest.mark.sim
+@pytest.mark.kubelet  # tier: a private cluster with kubelet nodes
 @needs_kubelet
 def test_sigkilled_owner_leaves_nothing(tmp_path):
     script = tmp_path / "owner.py"

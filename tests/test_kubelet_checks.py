@@ -99,6 +99,7 @@ def test_each_node_needing_no_gpu_code(gpu_node):
 """
 
 
+@pytest.mark.server  # tier: a pytest session as a process (no cluster)
 def test_on_a_lab_shaped_cluster_real_gpu_checks_run_on_kubelet_nodes_and_name_the_kwok_ones(tmp_path):
     (tmp_path / "conftest.py").write_text(LAB_SESSION)
     (tmp_path / "test_lab.py").write_text(LAB_CHECKS)

@@ -23,7 +23,7 @@ from test_kubelet_pods import NEEDS, gpuproof_run, records
 from gpuproof.errors import FleetError
 from gpuproof.sim.fleet_file import parse_fleet
 
-pytestmark = [pytest.mark.sim, pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")]
+needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
 
 CDI = {"devicePluginConfig": {"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}}
 NO_WORKLOAD_IMAGE = {"missingImages": ["workloads"]}
@@ -63,6 +63,9 @@ def test_node_faults_are_refused_off_kubelet_nodes_and_checked():
 
 
 @pytest.mark.parametrize("case", list(FAULTS))
+@pytest.mark.sim
+@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
+@needs_kubelet
 def test_the_node_fault_fails_its_check_and_the_healthy_node_passes(tmp_path, case):
     fault, selection, expectations = FAULTS[case]
     path = tmp_path / "knodefaults.yaml"

@@ -113,6 +113,7 @@ def _nodes(state, client) -> tuple[str, str, dict[str, list[str]]]:
     return here, other, {n: ["ip", "netns", "exec", state.netns(i)] for i, n in enumerate(state.nodes)}
 
 
+@pytest.mark.build  # tier: CoreDNS's addon manifest, from the Go module cache by `go list` unless setup copied it
 def test_coredns_manifests_are_upstreams_without_forward():
     docs = {d["kind"]: d for d in clusternet.coredns_manifests(clusternet.addon_manifest(), "10.96.0.1", "img:1",
                                                                        "k-0")}

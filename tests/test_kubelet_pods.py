@@ -17,7 +17,7 @@ from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import kubelet
 
 NEEDS = kubelet.missing()
-pytestmark = [pytest.mark.sim, pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")]
+needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
 
 # one fault per GPU of node 0 (GPU 3 healthy); node 1 has none and must pass every item
 FAULTS = {  # nvml-mock-ctl command -> (GPU, the health item that must fail, words of its actual value)
@@ -70,6 +70,9 @@ def test_nvml_ctl_faults_are_refused_off_kubelet_nodes():
         parse_fleet({"name": "x", "pools": [labels]}, source="x.yaml")
 
 
+@pytest.mark.sim
+@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
+@needs_kubelet
 def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
     """ECC uncorrectable with XID 79, a lost GPU and HW thermal slowdown, each on one GPU of a100-0: the health
     check in that node's pod fails on the right item, naming the node, the GPU's UUID, expected and actual;
@@ -93,6 +96,9 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
     assert not [r for r in failed if f"GPU 3 ({ids[3]})" in r["message"]], "GPU 3 has no fault"
 
 
+@pytest.mark.sim
+@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
+@needs_kubelet
 def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
     """``gpuproof run --fleet lab --bench``: the whole suite passes, and on the kubelet nodes the checks that skip on
     kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID,

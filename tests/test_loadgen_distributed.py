@@ -46,6 +46,7 @@ def served_ok(url):
 # ------------------------------------------------------------------ master + workers on loopback
 
 
+@pytest.mark.server  # tier: a server and loadgens as processes
 def test_master_and_workers_share_one_schedule_and_the_counts_add_up(tmp_path):
     url, server = start_process("inference_server.py", tmp_path, "--device", "cpu", "--threads", "1",
                                 "--model", "tiny")

@@ -15,6 +15,8 @@ never taken for the server's limit or for a capacity.
 import subprocess
 import sys
 
+import pytest
+
 from gpuproof.bench import get
 from gpuproof.report.data import load_run
 from gpuproof.report.html import render_html
@@ -132,6 +134,7 @@ def test_rate_rule_needs_flat_server_latency():
     assert validity(step(sent_rps=95.0, srv_p50=12.0)) == (True, None)     # within the rate tolerance
 
 
+@pytest.mark.server  # tier: the inference server as a process
 def test_invalid_passing_steps_give_no_capacity(tmp_path):
     """The real server and a search it would pass at 1 and 2 req/s; with the CPU threshold at 0
     every step is over it, so the search must stop at the first one and report no capacity."""

@@ -9,7 +9,10 @@ under what AIPerf measured it to sustain). Fixed rates send for ``--step-s``, as
 
 import json
 
+import pytest
 from loadprocs import loadgen_child
+
+pytestmark = pytest.mark.server  # tier: each test runs loadgen's rules in a child interpreter
 
 # loadgen monkey-patches the process for gevent when imported: its rules run in a child interpreter
 CHILD = r"""

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.build]  # tier: a wheel, an sdist and venvs on them
 
 BENCH_MODULES = ("torch", "locust", "pynvml")
 

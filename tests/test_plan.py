@@ -189,6 +189,7 @@ class _Item:
         return next(self.iter_markers(name), None)
 
 
+@pytest.mark.server  # tier: GFD run under the mock NVML
 def test_benchmark_checks_are_planned_from_the_benchmarks_own_manifests():
     from gpuproof.plugin import bench_checks
 
@@ -226,6 +227,7 @@ def test_benchmark_checks_are_planned_from_the_benchmarks_own_manifests():
                                              "run_wide": [], "priorities": [], "checks": [skipped]})
 
 
+@pytest.mark.server  # tier: GFD run under the mock NVML
 def test_a_check_that_uses_the_run_without_declaring_is_listed_as_such():
     item = _Item("suites/test_new.py::test_x", [], fixtures=("run", "scratch", "check"))
     entry = plan_check(item, types.SimpleNamespace(real=False, cluster=None), _discovery(False), "r1", "ns")
@@ -238,6 +240,7 @@ def test_a_check_that_uses_the_run_without_declaring_is_listed_as_such():
 # ------------------------------------------------------------------------------ the command line
 
 
+@pytest.mark.server  # tier: gpuproof's CLI as a process
 def test_plan_help_explains(tmp_path):
     proc = gpuproof("plan", "--help", cwd=tmp_path, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: gpuproof plan"), proc.stderr
@@ -255,6 +258,7 @@ def test_plan_help_explains(tmp_path):
     (["plan", "--run-id", "../x"], "--run-id"),
     (["run", "--dry-run", "--kubeconfig", "k", "--fleet", "minimal"], "--fleet"),
 ], ids=["missing-kubeconfig", "missing-fleet", "bad-format", "unsafe-run-id", "dry-run-fleet-and-kubeconfig"])
+@pytest.mark.server  # tier: gpuproof's CLI as a process
 def test_plan_mistakes_are_one_line(tmp_path, argv, word):
     proc = gpuproof(*argv, cwd=tmp_path, timeout=60)
     err = proc.stderr.strip()

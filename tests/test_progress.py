@@ -224,6 +224,7 @@ def test_run_shows_long_steps_pulls_and_the_time_left(embedded, tmp_path):
     assert "Traceback" not in out
 
 
+@pytest.mark.server  # tier: gpuproof's CLI as a process
 def test_run_hands_progress_after_to_pytest_and_refuses_a_negative_one(tmp_path):
     from gpuproof.cli.main import build_parser
     from gpuproof.cli.run import pytest_argv
@@ -237,6 +238,7 @@ def test_run_hands_progress_after_to_pytest_and_refuses_a_negative_one(tmp_path)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--progress-after" in proc.stderr, proc.stderr
 
 
+@pytest.mark.server  # tier: a pytest session as a process
 def test_sessions_without_gpuproofs_fixtures_get_no_progress(tmp_path):
     """gpuproof's plugin is loaded in every pytest session once installed: a project whose fixtures only
     share a name with gpuproof's (here `check`) hears nothing from it."""

@@ -148,6 +148,7 @@ EMBEDDED_PROJECT = {
 }
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_plain_project_k8s_fixture_gets_the_embedded_gpu_cluster(tmp_path):
     project = user_project(tmp_path, EMBEDDED_PROJECT)
     proc = run_pytest(project, "--k8s-provider", "gpuproof", "--k8s-provider-config", "minimal")
@@ -176,6 +177,7 @@ EXTERNAL_PROJECT = {
 }
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_kubeconfig_and_context_are_the_k8s_fixtures_cluster(tmp_path):
     project = user_project(tmp_path, EXTERNAL_PROJECT)
     kubeconfig = tmp_path / "prod-kubeconfig.yaml"
@@ -204,6 +206,7 @@ def bin_dir(tmp_path: Path, **links: Path) -> Path:
     return d
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_unknown_provider_is_a_usage_error(tmp_path):
     proc = run_pytest(user_project(tmp_path, PLAIN), "--k8s-provider", "kubeadm")
     assert proc.returncode == 4, proc.stdout + proc.stderr
@@ -212,6 +215,7 @@ def test_unknown_provider_is_a_usage_error(tmp_path):
                                    "minikube-kvm2, external")
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_kind_without_the_kind_command_is_refused(tmp_path):
     env = dict(os.environ, PATH=str(bin_dir(tmp_path)))
     proc = run_pytest(user_project(tmp_path, PLAIN), "--k8s-provider", "kind", env=env)
@@ -220,6 +224,7 @@ def test_kind_without_the_kind_command_is_refused(tmp_path):
         proc.stderr
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_kind_without_a_container_engine_is_refused(tmp_path):
     """The real kind (built from its Go module) on PATH; Docker's client may be there, its engine is not."""
     links = {"kind": for_test("kind")}
@@ -239,6 +244,7 @@ def test_kind_without_a_container_engine_is_refused(tmp_path):
     assert "runs its nodes as podman containers, and there is no `podman` command on PATH" in proc.stderr
 
 
+@pytest.mark.server  # tier: a user's pytest session as a process
 def test_marker_naming_kind_is_checked_the_same_way(tmp_path):
     project = user_project(tmp_path, {"test_m.py": '''
         import pytest

@@ -87,6 +87,7 @@ def test_deploy_manifest_is_made_from_the_rules_and_roles_nest():
      "rule 21: grants delete namespaces again (rule 1 does already)"),
     (lambda d: d["roles"]["gpuproof"].update(color="red"), "role gpuproof: expected exactly the keys needs and for"),
 ])
+@pytest.mark.server  # tier: gpuproof.rbac as a process
 def test_a_bad_rules_file_gives_one_line_naming_the_entry(tmp_path, edit, expected):
     data = yaml.safe_load(rbac.SPEC_PATH.read_text())
     edit(data)

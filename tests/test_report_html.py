@@ -108,6 +108,7 @@ def _render(browser: str, page: Path, profile: Path, screenshot: Path | None = N
     return proc.stdout
 
 
+@pytest.mark.server  # tier: headless Chromium
 def test_report_renders_in_headless_chromium(report, tmp_path):
     browser = _browser()
     shot = tmp_path / "report.png"
@@ -137,6 +138,7 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
         shutil.copy(report, Path(artifacts) / "report.html")
 
 
+@pytest.mark.server  # tier: headless Chromium
 def test_browser_check_catches_script_errors_and_network_fetches(report, tmp_path):
     """The detection itself works: a broken script and a fetch to the network are recorded."""
     browser = _browser()

@@ -6,7 +6,10 @@ The end-to-end cases are in tests/test_workloads_inference.py."""
 
 import json
 
+import pytest
 from loadprocs import loadgen_child
+
+pytestmark = pytest.mark.server  # tier: each test runs loadgen's rules in a child interpreter
 
 # loadgen monkey-patches the process for gevent when imported: its rules run in a child interpreter
 CHILD = r"""

@@ -10,6 +10,8 @@ import pytest
 
 from gpuproof.bench.workloads import WORKLOADS_DIR
 
+pytestmark = pytest.mark.server  # tier: each test runs a workload as a process
+
 SCRIPTS = ["probe", "matmul", "allreduce", "inference_server", "loadgen", "nvml_sampler"]
 
 

@@ -217,6 +217,7 @@ def test_concurrent_streams_share_decode_steps(server):
 # ------------------------------------------------------------------ capacity search and its bound
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_capacity_search_finds_a_known_service_rate(tmp_path):
     """Against a queue that starts at most 10 answers per second: the ramp (2, 4, 8, 16) must fail at
     16, where the stub completes 10 per second and the rest pile up; the next probe is just below
@@ -246,6 +247,7 @@ def test_capacity_search_finds_a_known_service_rate(tmp_path):
     assert r["saturation_rps"] <= 10.0 + 2 / over["pace_window_s"]
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_a_search_whose_first_step_fails_ramps_again_from_below(tmp_path):
     """``--search-start`` above what the queue serves (10 per second): the first step is that rate and
     fails as overload from an empty server (``cold_start``), which brackets nothing; the search ramps
@@ -368,6 +370,7 @@ def test_starved_client_is_client_bound_not_a_capacity(server):
     assert s["bound_by"] == "client" and s["late_fraction"] > 0.1 and s["client_bound"] is True
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_too_small_a_range_is_offered_range_not_a_capacity():
     """Through the bench class (server + load generator as subprocesses), as `gpuproof bench` runs it."""
     bench = get("inference")
@@ -390,6 +393,7 @@ def test_too_small_a_range_is_offered_range_not_a_capacity():
     assert [r.parameters["bound_by"] for r in records if r.metric == "bound_by"] == ["offered-range"]
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_url_drives_a_separately_started_server(tmp_path):
     """`gpuproof bench --local inference --url URL --model NAME` against a server started on its own."""
     url, proc = start_server(tmp_path, "--model", "tiny", "--model-name", "served-elsewhere")
@@ -420,6 +424,7 @@ def test_url_drives_a_separately_started_server(tmp_path):
 # ------------------------------------------------------------------ failures that must be clear
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_the_server_stops_when_sigterm_reaches_another_of_its_threads(tmp_path):
     """The kernel may hand a process's SIGTERM to any of its threads; Python then only notes it, and a
     main thread parked in a wait that never wakes would never run the handler (on an H200 the server
@@ -447,6 +452,7 @@ def test_the_server_stops_when_sigterm_reaches_another_of_its_threads(tmp_path):
     assert "stopping" in err
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_port_in_use_is_a_clear_error():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -459,6 +465,7 @@ def test_port_in_use_is_a_clear_error():
     assert r["ok"] is False and f"port {port}" in r["error"] and "already in use" in r["error"]
 
 
+@pytest.mark.server  # tier: a workload server or loadgen as a process
 def test_loadgen_readiness_wait_is_bounded():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
