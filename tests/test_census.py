@@ -1,9 +1,9 @@
 """The per-GPU census: the workload on the CPU, the judge among a pool's GPUs and against the datasheet, floors,
 records.
 
-One real run of workloads/census.py on the CPU (a child process) over a stand-in NVML of two GPUs (a ``pynvml``
-module on its path: tests/test_nvml_mock.py is where NVIDIA's own mock NVML is read); every fleet judged below
-is made of that run's figures, copied per node and GPU, with one figure scaled where a test wants a slow GPU.
+One real run of workloads/census.py on the CPU (a child process) over NVIDIA's mock NVML of two A100s (the
+fleet's own mock config, as a kubelet node has it); every fleet judged below is made of that run's figures,
+copied per node and GPU, with one figure scaled where a test wants a slow GPU.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import warnings
 
 import pytest
+import test_nvml_mock
+import yaml
 
 from gpuproof.bench import get, names
 from gpuproof.bench.census import (CHECKS, FLOORS_ENV, Floors, floors_from_env, judge, parse_floors, pool_key,
@@ -27,35 +28,35 @@ from gpuproof.plugin.fixtures import Checker
 from gpuproof.report.compare import compare_runs
 from gpuproof.report.data import load_run
 from gpuproof.results import RunDir
+from gpuproof.sim.fleet_file import parse_fleet
+from gpuproof.sim.gpunodes import mock_config
 
 census = import_workload("census")
 
 TINY = ["--device", "cpu", "--threads", "1", "--matmul-size", "64", "--copy-mib", "1", "--allreduce-mib", "1",
-        "--iters", "3", "--warmup", "1"]
-NVML_UUIDS = ["GPU-7d0a52c1-0000-4000-8000-000000000000", "GPU-7d0a52c1-0000-4000-8000-000000000001"]
-# a stand-in for nvidia-ml-py over two GPUs: the calls NvmlReader makes to list GPUs, nothing more
-FAKE_PYNVML = textwrap.dedent(f"""
-    UUIDS = {NVML_UUIDS!r}
-    class _Pci:
-        def __init__(self, i):
-            self.busId = "00000000:%02X:00.0" % (7 + i)
-    def nvmlInit(): pass
-    def nvmlDeviceGetCount(): return len(UUIDS)
-    def nvmlDeviceGetHandleByIndex(i): return i
-    def nvmlDeviceGetUUID(h): return UUIDS[h]
-    def nvmlDeviceGetName(h): return "NVIDIA A100-SXM4-80GB"
-    def nvmlDeviceGetPciInfo(h): return _Pci(h)
-""")
+        "--iters", "3", "--warmup", "1", "--min-s", "0.05"]
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
+software = test_nvml_mock.software        # the fixture: NVIDIA's mock NVML, located (or built under CI)
 
 
 @pytest.fixture(scope="module")
-def cpu_result(tmp_path_factory):
-    """workloads/census.py --device cpu, tiny sizes, over two NVML GPUs: (exit code, result, stdout, stderr)."""
-    fake = tmp_path_factory.mktemp("nvml")
-    (fake / "pynvml.py").write_text(FAKE_PYNVML)
-    env = {**os.environ, "PYTHONPATH": str(fake), "CUDA_VISIBLE_DEVICES": ""}
+def mock_a100(software, tmp_path_factory):
+    """NVIDIA's mock NVML as a node of two A100s sees it: (its config file, the GPUs' UUIDs and PCI bus ids)."""
+    gpu = parse_fleet({"name": "census", "pools": [{"name": "a100", "gpu": {"product": A100, "count": 2}}]},
+                      source="census.yaml").pools[0].gpu
+    cfg = mock_config(software, gpu, seed="census/a100-0")
+    path = tmp_path_factory.mktemp("nvml") / "a100.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, [d["uuid"] for d in cfg["devices"]], [d["pci"]["bus_id"] for d in cfg["devices"]]
+
+
+@pytest.fixture(scope="module")
+def cpu_result(software, mock_a100):
+    """workloads/census.py --device cpu, tiny sizes, over NVIDIA's mock NVML of two A100s: (exit code, result,
+    stdout, stderr)."""
+    config, _uuids, _buses = mock_a100
+    env = {**software.mock_env(config), "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, str(workloads_dir() / "census.py"), *TINY], capture_output=True,
                           text=True, timeout=120, env=env)
     return proc.returncode, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout, proc.stderr
@@ -67,28 +68,29 @@ def result(cpu_result):
 
 
 @pytest.mark.server   # tier: workloads/census.py as a process
-def test_cpu_run_measures_every_nvml_gpu_on_the_cpu(cpu_result):
+def test_cpu_run_measures_every_nvml_gpu_on_the_cpu(cpu_result, mock_a100):
     code, r, stdout, stderr = cpu_result
     assert code == 0 and r["ok"] and r["failed"] == [], stderr[-2000:]
     assert len(stdout.strip().splitlines()) == 1                      # stdout is the JSON line, progress on stderr
     assert r["workload"] == "census" and r["device"] == "cpu" and r["nvml"] == {"available": True, "reason": None,
                                                                                "gpus": 2}
     assert r["params"] == {"matmul_size": 64, "copy_bytes": 2**20, "allreduce_bytes": 2**20, "iters": 3,
-                           "warmup": 1, "threads": 1}
-    assert [(g["index"], g["uuid"], g["pci_bus_id"]) for g in r["gpus"]] == [
-        (0, NVML_UUIDS[0], "0000:07:00"), (1, NVML_UUIDS[1], "0000:08:00")]   # health.normalize_bus_id
+                           "warmup": 1, "min_s": 0.05, "threads": 1}
+    _config, uuids, buses = mock_a100
+    assert [(g["index"], g["uuid"]) for g in r["gpus"]] == [(0, uuids[0]), (1, uuids[1])]
+    assert [g["pci_bus_id"] for g in r["gpus"]] == [census.health.normalize_bus_id(b) for b in buses]
     for g in r["gpus"]:
         assert g["device"] == "cpu" and g["dtype"] == "fp32" and g["error"] is None and g["copy_check_ok"]
         # TFLOPS = 2 N^3 / t and GB/s = 2 x buffer / t, t the median
-        assert g["matmul_tflops"] == pytest.approx(2 * 64**3 / (g["matmul_median_ms"] / 1e3) / 1e12)
-        assert g["d2d_copy_gbps"] == pytest.approx(2 * 2**20 / (g["copy_median_ms"] / 1e3) / 1e9)
+        assert g["matmul_tflops"] == pytest.approx(2 * 64**3 / (g["matmul_mean_ms"] / 1e3) / 1e12)
+        assert g["d2d_copy_gbps"] == pytest.approx(2 * 2**20 / (g["copy_mean_ms"] / 1e3) / 1e9)
         assert g["matmul_tflops"] > 0 and g["d2d_copy_gbps"] > 0
         # an A100 by NVML's name, but measured on the CPU: no datasheet figure (no --product)
         assert g["peak_tflops"] is None and g["peak_hbm_gbps"] is None and g["matmul_ratio_to_peak"] is None
         assert f"GPU {g['index']} ({g['uuid']}) on cpu: fp32 matmul" in stderr
     ar = r["allreduce"]       # one host tensor per NVML GPU, nccl-tests' arithmetic, marked as the CPU's
     assert ar["device"] == "cpu" and ar["gpus"] == 2 and ar["check_ok"] and ar["bytes"] == 2**20
-    assert ar["algbw_gbps"] == pytest.approx(2**20 / (ar["median_ms"] / 1e3) / 1e9)
+    assert ar["algbw_gbps"] == pytest.approx(2**20 / (ar["mean_ms"] / 1e3) / 1e9)
     assert ar["busbw_gbps"] == pytest.approx(ar["algbw_gbps"] * 2 * (2 - 1) / 2)
 
 
@@ -132,6 +134,9 @@ class _FakeCudaTorch:
             return _Props(cls.uuids[int(d.split(":")[1])])
 
 
+MATCH_UUIDS = ["GPU-7d0a52c1-0000-4000-8000-000000000000", "GPU-7d0a52c1-0000-4000-8000-000000000001"]
+
+
 class _Reader:
     def __init__(self, uuids):
         self.readings = [{"index": i, "uuid": u, "name": "NVIDIA A100-SXM4-80GB", "pci_bus_id": None}
@@ -140,7 +145,7 @@ class _Reader:
 
 def test_nvml_gpus_are_matched_to_torch_devices_by_uuid(monkeypatch):
     extra = "GPU-7d0a52c1-0000-4000-8000-00000000ffff"
-    monkeypatch.setattr(census.health, "open_nvml", lambda: (_Reader(NVML_UUIDS + [extra]), None))
+    monkeypatch.setattr(census.health, "open_nvml", lambda: (_Reader(MATCH_UUIDS + [extra]), None))
     gpus, why = census.list_gpus("cuda", _FakeCudaTorch)
     assert why is None
     assert [(g["index"], g["device"]) for g in gpus] == [(0, "cuda:1"), (1, "cuda:0"), (2, None)]
@@ -340,7 +345,7 @@ def test_records_follow_each_gpu_and_node(result):
                           ("matmul_tflops", 0), ("matmul_tflops", 1)]
     mm = by[("matmul_tflops", 1)]
     assert (mm.benchmark, mm.unit, mm.node, mm.product) == ("census", "TFLOPS", "a100-0", A100)
-    assert mm.parameters == {"node": "a100-0", "gpu": 1, "uuid": NVML_UUIDS[1], "device": "cpu", "dtype": "fp32",
+    assert mm.parameters == {"node": "a100-0", "gpu": 1, "uuid": result["gpus"][1]["uuid"], "device": "cpu", "dtype": "fp32",
                              "size": 64, "iters": 3}
     assert by[("d2d_copy_gbps", 0)].parameters["bytes"] == 2**20
     ar = by[("allreduce_busbw_gbps", None)]

@@ -26,6 +26,8 @@ JUDGING = ("true", "equal")          # Checker methods whose verdict can be "fai
 BUILT = {
     ("test_dra.py", "f'dra-cel-{key}'"): {"dra-cel-product", "dra-cel-memory", "dra-cel-compute"},
     ("test_mig.py", "name"): {"one-mig-device-per-pod", "mig-devices-distinct"},     # suite.mig_device_checks
+    ("test_census.py", "v.check"): {"census-result", "census-matmul-pool", "census-matmul-datasheet",   # census.CHECKS
+                                    "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
 }
 
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
@@ -63,6 +65,7 @@ def recordable_checks() -> dict[str, str]:
 def fault_tables() -> dict[str, dict]:
     """test id -> its table: case -> row whose last item lists (check, target, expected, actual, ...)."""
     sys.path.insert(0, str(Path(__file__).parent))
+    import test_census_checks
     import test_dra
     import test_kubelet_faults
     import test_real_gpu_checks
@@ -79,6 +82,7 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_suite_faults_more.py::test_check_fails_without_dynamic_resources":
             test_suite_faults_more.NO_DRA_CASES,
         "tests/test_dra.py::test_dra_check_fails_on_its_fault": test_dra.DRA_FAULTS,
+        "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,
         "tests/test_topology.py::test_a_fragmented_set_fails_naming_node_expected_actual": test_topology.FAULTS,

@@ -2,10 +2,14 @@
 
 For each GPU (NVML index, UUID, name), on the torch device matched to it by UUID:
 
-- ``matmul_tflops``: a short square matmul, TFLOPS = 2 N^3 / t with t the median of ``--iters``
-  timed iterations after ``--warmup``; bf16 on compute capability >= 8.0, fp16 >= 7.0, else fp32
-  (``dtype`` says which);
-- ``d2d_copy_gbps``: ``dst.copy_(src)`` on the device, GB/s = 2 x buffer / t (read + written), median.
+- ``matmul_tflops``: a short square matmul, TFLOPS = 2 N^3 / t with t the mean over one timed loop of
+  ``--iters`` back-to-back iterations after ``--warmup``; bf16 on compute capability >= 8.0, fp16 >= 7.0,
+  else fp32 (``dtype`` says which);
+- ``d2d_copy_gbps``: ``dst.copy_(src)`` on the device, GB/s = 2 x buffer / t (read + written), the same way.
+
+Sustained, not median: a census looks for the GPU that stays slow (power-capped, throttling, a node whose CPU
+is held back), and a median of single iterations keeps the fast ones and drops the slow (a CFS-throttled
+process runs most iterations at full speed and stalls in a few; its median hid a node held to 10% of a core).
 
 On nodes with 2 or more GPUs, ``allreduce``: one all-reduce over one tensor per GPU in this one
 process (``torch.cuda.nccl.all_reduce``), busbw = algbw x 2(n-1)/n (nccl-tests' definition,
@@ -48,7 +52,18 @@ def _device_ctx(torch, device: str):
     return torch.cuda.device(device) if device.startswith("cuda") else health._nullcontext()
 
 
-def measure_matmul(device: str, size: int, iters: int, warmup: int) -> dict:
+def sustained(op, iters: int, device: str, min_s: float) -> tuple[float, int]:
+    """(seconds per iteration, iterations) over back-to-back loops of ``iters`` calls, until ``min_s`` seconds have
+    passed: longer than a CFS period (100 ms) and a GPU's boost, so a held-back GPU or CPU shows its held rate."""
+    total, count = 0.0, 0
+    while True:
+        total += common.time_total(op, iters, device)
+        count += iters
+        if total >= min_s:
+            return total / count, count
+
+
+def measure_matmul(device: str, size: int, iters: int, warmup: int, min_s: float = 0.0) -> dict:
     import torch
 
     dt = health.pick_dtype(torch, device)
@@ -61,13 +76,12 @@ def measure_matmul(device: str, size: int, iters: int, warmup: int) -> dict:
             torch.matmul(a, b, out=c)
 
         common.time_total(op, warmup, device)
-        times = common.time_iterations(op, iters, device)
-    t = common.median(times)
+        t, n = sustained(op, iters, device, min_s)           # sustained: see the module's doc
     return {"dtype": DTYPE_NAMES.get(str(dt).removeprefix("torch."), str(dt)), "matmul_size": size,
-            "matmul_median_ms": t * 1e3, "matmul_tflops": matmul.tflops(size, size, size, t)}
+            "matmul_iters": n, "matmul_mean_ms": t * 1e3, "matmul_tflops": matmul.tflops(size, size, size, t)}
 
 
-def measure_copy(device: str, nbytes: int, iters: int, warmup: int) -> dict:
+def measure_copy(device: str, nbytes: int, iters: int, warmup: int, min_s: float = 0.0) -> dict:
     import torch
 
     count = max(1, nbytes // 4)
@@ -79,14 +93,13 @@ def measure_copy(device: str, nbytes: int, iters: int, warmup: int) -> dict:
             dst.copy_(src)
 
         common.time_total(op, warmup, device)
-        times = common.time_iterations(op, iters, device)
+        t, n = sustained(op, iters, device, min_s)
         ok = bool(torch.equal(dst, src))
-    t = common.median(times)
-    return {"copy_bytes": count * 4, "copy_median_ms": t * 1e3, "d2d_copy_gbps": 2 * count * 4 / t / 1e9,
+    return {"copy_bytes": count * 4, "copy_iters": n, "copy_mean_ms": t * 1e3, "d2d_copy_gbps": 2 * count * 4 / t / 1e9,
             "copy_check_ok": ok}
 
 
-def measure_allreduce(devices: list[str], nbytes: int, iters: int, warmup: int) -> dict:
+def measure_allreduce(devices: list[str], nbytes: int, iters: int, warmup: int, min_s: float = 0.0) -> dict:
     """One all-reduce over one float32 tensor per device: NCCL across GPUs, a sum into each on the CPU."""
     import torch
 
@@ -117,20 +130,22 @@ def measure_allreduce(devices: list[str], nbytes: int, iters: int, warmup: int) 
     for i in range(warmup):
         op(i)
     sync()
-    times = []
-    for i in range(iters):            # host clock around each call, every device synchronized after it
+    total, runs = 0.0, 0
+    while runs == 0 or total < min_s:     # host clock around each loop, every device synchronized at its end
         t0 = time.perf_counter()
-        op(i)
+        for i in range(iters):
+            op(i)
         sync()
-        times.append(time.perf_counter() - t0)
-    for k, t in enumerate(tensors):   # the check: tensor k holds k + 1, every tensor must end with the sum
-        t.fill_(k + 1)
+        total += time.perf_counter() - t0
+        runs += iters
+    t = total / runs
+    for k, x in enumerate(tensors):   # the check: tensor k holds k + 1, every tensor must end with the sum
+        x.fill_(k + 1)
     op(0)
     sync()
     want = n * (n + 1) / 2
-    ok = all(bool(torch.all(t == want)) for t in tensors)
-    t = common.median(times)
-    return {"bytes": count * 4, "median_ms": t * 1e3, "algbw_gbps": allreduce.algbw_gbps(count * 4, t),
+    ok = all(bool(torch.all(x == want)) for x in tensors)
+    return {"bytes": count * 4, "iters": runs, "mean_ms": t * 1e3, "algbw_gbps": allreduce.algbw_gbps(count * 4, t),
             "busbw_gbps": allreduce.busbw_gbps(count * 4, t, n), "check_ok": ok}
 
 
@@ -203,6 +218,9 @@ def build_parser():
                    help="MiB per GPU of the all-reduce (default 256; CPU 4)")
     p.add_argument("--iters", type=int, default=20, help="timed iterations per measurement (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument("--min-s", type=float, default=None,
+                   help="each measurement repeats its --iters loop until this many seconds have passed "
+                        "(default 1 on a GPU, 0.3 on the CPU): longer than a CFS period and a GPU's boost")
     p.add_argument("--product", default=None,
                    help="product to take datasheet figures from (default: each GPU's NVML name on a GPU; none on "
                         "the CPU)")
@@ -216,16 +234,19 @@ def main(argv: list[str] | None = None) -> int:
             return common.fail_usage(f"--{flag.replace('_', '-')} must be >= 1 (got {getattr(args, flag)})")
     if args.iters < 1 or args.warmup < 0:
         return common.fail_usage(f"--iters must be >= 1 and --warmup >= 0 (got {args.iters}, {args.warmup})")
+    if args.min_s is not None and not 0 <= args.min_s <= 600:
+        return common.fail_usage(f"--min-s must be 0 to 600 seconds (got {args.min_s:g})")
     import torch  # after the argument checks
 
     t_start = time.monotonic()
     device = common.setup_device(args)
     sizes = {k: getattr(args, k) or (GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS)[k] for k in GPU_DEFAULTS}
+    min_s = args.min_s if args.min_s is not None else 1.0 if device == "cuda" else 0.3
     result = common.base_result("census")
     result.update(device=device, torch=torch.__version__, product=args.product,
                   params={"matmul_size": sizes["matmul_size"], "copy_bytes": sizes["copy_mib"] * 2**20,
                           "allreduce_bytes": sizes["allreduce_mib"] * 2**20, "iters": args.iters,
-                          "warmup": args.warmup, "threads": torch.get_num_threads()})
+                          "warmup": args.warmup, "min_s": min_s, "threads": torch.get_num_threads()})
     gpus, nvml_reason = list_gpus(device, torch)
     failed: list[str] = []
     for g in gpus:
@@ -233,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         g.update(dtype=None, matmul_tflops=None, d2d_copy_gbps=None, error=None)
         if d is not None:
             try:
-                g.update(measure_matmul(d, sizes["matmul_size"], args.iters, args.warmup))
-                g.update(measure_copy(d, sizes["copy_mib"] * 2**20, args.iters, args.warmup))
+                g.update(measure_matmul(d, sizes["matmul_size"], args.iters, args.warmup, min_s))
+                g.update(measure_copy(d, sizes["copy_mib"] * 2**20, args.iters, args.warmup, min_s))
             except (RuntimeError, MemoryError) as exc:       # a sick GPU: a failed GPU, not a crash
                 g["error"] = _first_line(exc)
             if g["error"] or g.get("copy_check_ok") is False:
@@ -252,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                         else f"no NVML GPU ({nvml_reason}): no intra-node all-reduce")
     else:
         try:
-            ar.update(measure_allreduce(devices, sizes["allreduce_mib"] * 2**20, args.iters, args.warmup))
+            ar.update(measure_allreduce(devices, sizes["allreduce_mib"] * 2**20, args.iters, args.warmup, min_s))
         except (RuntimeError, MemoryError) as exc:
             ar["error"] = _first_line(exc)
         if ar["error"] or ar.get("check_ok") is False:

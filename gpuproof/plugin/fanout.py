@@ -1,5 +1,7 @@
 """Per-node checks across the whole fleet at once, each node's verdict still its own test.
 
+Long: the fan-out is one piece, its workers, pod slots, progress and end together; the pytest hooks at its foot.
+
 pytest runs ``test_health_per_node[a100-0]``, then ``[a100-1]``, ... one after another. A check that places a pod on
 every GPU node would then take the sum of its nodes' times: hours on a fleet of hundreds. Instead, the first item of
 such a check starts its per-node work on every node the check is parametrized over (the session's selected items of
@@ -217,6 +219,24 @@ class FanOut:
             return fut.result()
         except CancelledError:
             return work(node, job.lane)
+
+    def peers(self, item: pytest.Item, same: Callable[[Any], bool]) -> dict[str, Any]:
+        """node name -> outcome of every node of this item's check for which ``same(node)`` holds, once each has
+        arrived (a check that judges a node among its peers: the census). Nodes whose work raised, or never ran
+        (drained), are left out: their own items say why."""
+        job = self.jobs.get(getattr(item, "function", None))
+        if job is None:
+            return {}
+        out = {}
+        for n in job.members:
+            if not same(n):
+                continue
+            fut = job.futures[n.name]
+            try:
+                out[n.name] = fut.result()
+            except (Exception, CancelledError):     # noqa: BLE001  (judged in that node's own test)
+                continue
+        return out
 
     def job(self, item: pytest.Item, work: Callable, name: str | None, member: Callable[[dict], Any] | None) -> Job:
         function = getattr(item, "function", None)
