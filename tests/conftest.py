@@ -1,7 +1,7 @@
 """Fixtures for gpuproof's own tests: one embedded cluster for the whole test session.
 
 Tests that need another fleet load it with ``fleet_loaded(...)``, which swaps the
-simulated nodes (the control plane keeps running) and puts the mixed fleet back after.
+simulated nodes (the control plane keeps running); the mixed fleet comes back when the cluster is next used.
 Suites are run as real pytest subprocesses against the cluster's kubeconfig, exactly
 as a user would run them.
 
@@ -30,21 +30,40 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class EmbeddedCluster:
+    """The session's embedded cluster. A test that loads another fleet (``fleet_loaded``) leaves it loaded; the mixed
+    fleet comes back, freshly loaded, the moment anything else uses the cluster (its kubeconfig, client or sim), so
+    a run of fault cases swaps fleets once per case, not twice (issue #37)."""
+
     def __init__(self, sim: SimCluster):
-        self.sim = sim
+        self._sim = sim
         self.fleet_name = "mixed"
         self._client = None
+        self._stale = False          # a test's own fleet is still loaded: restore mixed before the next use
+        self._inside = 0             # fleet_loaded contexts open now
+        self.loads = 0               # fleet loads this session (how many the fault tables cost)
+
+    def _restore(self) -> None:
+        if self._stale and not self._inside:
+            self._stale = False
+            self.load("mixed")
+
+    @property
+    def sim(self) -> SimCluster:
+        self._restore()
+        return self._sim
 
     @property
     def kubeconfig(self) -> str:
-        return str(self.sim.kubeconfig)
+        self._restore()
+        return str(self._sim.kubeconfig)
 
     @property
     def client(self):
+        self._restore()
         if self._client is None:
             from gpuproof.cluster.api import connect
 
-            self._client = connect(self.kubeconfig)
+            self._client = connect(str(self._sim.kubeconfig))
         return self._client
 
     def load(self, fleet: Fleet | str | dict) -> Fleet:
@@ -52,17 +71,22 @@ class EmbeddedCluster:
             fleet = load_fleet(fleet)
         elif isinstance(fleet, dict):
             fleet = parse_fleet(fleet, source=f"test:{fleet.get('name', 'fleet')}")
-        self.sim.load_fleet(fleet)
+        self._stale = False
+        self._sim.load_fleet(fleet)
+        self.loads += 1
         self.fleet_name = fleet.source or fleet.name
         return fleet
 
     @contextlib.contextmanager
     def fleet_loaded(self, fleet):
         loaded = self.load(fleet)
+        self._inside += 1
         try:
             yield loaded
         finally:
-            self.load("mixed")
+            self._inside -= 1
+            if not self._inside:
+                self._stale = True    # mixed comes back when the cluster is next used outside a test's fleet
 
     def suite_command(self, *suite_args: str, report_dir: Path, run_id: str) -> list[str]:
         return [sys.executable, "-m", "pytest", *suite_args, f"--kubeconfig={self.kubeconfig}",
