@@ -111,7 +111,9 @@ class Target:
         if self.real and self.cluster is not None:
             from ..sim.kubelet import lent_image_of_kubeconfig
 
-            return lent_image_of_kubeconfig(getattr(self, "_kubeconfig", None))
+            # connect() notes the kubeconfig it opened; `gpuproof plan` connects on its own, with the user's
+            kubeconfig = getattr(self, "_kubeconfig", None) or getattr(self.choice, "kubeconfig", None)
+            return lent_image_of_kubeconfig(kubeconfig)
         return None
 
     @property
