@@ -9,12 +9,11 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from conftest import private_cluster
 
 from gpuproof.sim import kubelet
-from gpuproof.sim.fleet_file import parse_fleet
 
 NEEDS = kubelet.missing()
 pytestmark = [pytest.mark.kubelet, pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")]
@@ -27,15 +26,8 @@ FLEET = {"name": "edges", "defaults": {"taints": ["nvidia.com/gpu=present:NoSche
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A private embedded cluster of two kubelet GPU nodes, as `gpuproof sim up` leaves one: (its folder, client)."""
-    from gpuproof.cluster.api import connect
-    from gpuproof.sim.controlplane import SimCluster, find_free_base
-
-    sim = SimCluster(tmp_path_factory.mktemp("edges") / "s", base_port=find_free_base(), private=True)
-    try:
-        sim.up(parse_fleet(FLEET, source="edges.yaml"))
-        yield sim, connect(kubeconfig=str(sim.kubeconfig))
-    finally:
-        sim.down()
+    with private_cluster(FLEET, tmp_path_factory.mktemp("edges") / "s", "edges.yaml") as c:
+        yield c.sim, c.client
 
 
 def gpuproof(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -65,15 +65,10 @@ def test_driver_root_and_cdi_runtime_as_the_chart_and_containerd_want_them():
 
 @pytest.fixture(scope="module")
 def dra_cluster(tmp_path_factory):
-    from gpuproof.cluster.api import connect
-    from gpuproof.sim.controlplane import SimCluster, find_free_base
+    from conftest import private_cluster
 
-    sim = SimCluster(tmp_path_factory.mktemp("kd") / "s", base_port=find_free_base(), private=True)
-    try:
-        sim.up(parse_fleet(FLEET, source="kd.yaml"))
-        yield sim, connect(kubeconfig=str(sim.kubeconfig))
-    finally:
-        sim.down()
+    with private_cluster(FLEET, tmp_path_factory.mktemp("kd") / "s", "kd.yaml") as c:
+        yield c.sim, c.client
 
 
 def _node_dir(sim) -> Path:

@@ -92,15 +92,10 @@ def pod_netns(uid: str) -> tuple[list[str], str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from gpuproof.cluster.api import connect
-    from gpuproof.sim.controlplane import SimCluster, find_free_base
+    from conftest import private_cluster
 
-    sim = SimCluster(tmp_path_factory.mktemp("net") / "s", base_port=find_free_base(), private=True)
-    try:
-        sim.up(parse_fleet(FLEET, source="net.yaml"))
-        yield sim, kubelet._load(sim.dir), connect(kubeconfig=str(sim.kubeconfig))
-    finally:
-        sim.down()
+    with private_cluster(FLEET, tmp_path_factory.mktemp("net") / "s", "net.yaml") as c:
+        yield c.sim, kubelet._load(c.sim.dir), c.client
 
 
 def _nodes(state, client) -> tuple[str, str, dict[str, list[str]]]:

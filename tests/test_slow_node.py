@@ -3,7 +3,6 @@ core through the kubelet's own kubepods cgroup (the kernel throttles them), and 
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import yaml

@@ -235,6 +235,17 @@ class Benchmark:
         return product
 
 
+class NodeBenchmark(Benchmark):
+    """A benchmark that judges a node (health, census): one pod per GPU node, and on this host the workload alone,
+    without the utilization sampler the throughput benchmarks run beside them."""
+
+    def run_local(self, params: dict, echo: bool = False) -> dict:
+        return run_workload(self.script, self.workload_args(params), timeout=self.timeout_s, echo=echo)
+
+    def pod_key(self, product: str, node: str | None) -> str:
+        return node or product          # one pod per GPU node
+
+
 # ------------------------------------------------------------------ cluster helpers
 
 

@@ -38,7 +38,7 @@ import statistics
 
 from ..errors import GpuproofError
 from ..results import MetricRecord
-from .base import Benchmark, register, run_workload
+from .base import NodeBenchmark, register
 
 FLOORS_ENV = "GPUPROOF_CENSUS_FLOORS"
 FLOOR_KEYS = {"pool": "pool_pct", "matmul": "matmul_pct", "copy": "copy_pct"}
@@ -53,7 +53,7 @@ CHECKS = ("census-result", "census-matmul-pool", "census-matmul-datasheet", "cen
 
 
 @register
-class Census(Benchmark):
+class Census(NodeBenchmark):
     name = "census"
     script = "census"
     description = ("per-GPU census: a short bf16 matmul and a device-to-device copy on every GPU NVML lists, and an "
@@ -68,12 +68,6 @@ class Census(Benchmark):
              "allreduce_mib": "--allreduce-mib", "iters": "--iters", "warmup": "--warmup", "product": "--product",
              "threads": "--threads"}
     timeout_s = 900
-
-    def run_local(self, params: dict, echo: bool = False) -> dict:
-        return run_workload(self.script, self.workload_args(params), timeout=self.timeout_s, echo=echo)
-
-    def pod_key(self, product: str, node: str | None) -> str:
-        return node or product          # one pod per GPU node
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)

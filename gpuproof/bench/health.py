@@ -18,7 +18,7 @@ import os
 import shlex
 
 from ..results import MetricRecord
-from .base import Benchmark, flag_args, register, run_workload
+from .base import NodeBenchmark, flag_args, register
 
 ARGS_ENV = "GPUPROOF_HEALTH_ARGS"
 VERDICT_SCORE = {"pass": 1.0, "warn": 0.5, "fail": 0.0, "unavailable": -1.0}
@@ -30,7 +30,7 @@ def extra_args_from_env() -> list[str]:
 
 
 @register
-class Health(Benchmark):
+class Health(NodeBenchmark):
     name = "health"
     script = "health"
     description = ("GPU health: GPU reachable, XIDs, ECC and SRAM ECC, retired pages / remapped rows, throttling "
@@ -52,12 +52,6 @@ class Health(Benchmark):
                 value = ",".join(map(str, sorted(value)))
             args += [f"--{key.replace('_', '-')}", str(value)]
         return args + list(params.get("extra_args") or [])
-
-    def run_local(self, params: dict, echo: bool = False) -> dict:
-        return run_workload(self.script, self.workload_args(params), timeout=self.timeout_s, echo=echo)
-
-    def pod_key(self, product: str, node: str | None) -> str:
-        return node or product          # one pod per GPU node
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)

@@ -105,17 +105,9 @@ class Lane:
 
     @contextlib.contextmanager
     def pods(self, count: int = 1):
-        """Hold ``count`` of the ``--parallel`` pod slots while the pods run."""
-        job = self.job
-        with job.fan.budget.take(count, self.stop):
-            with job.lock:
-                job.in_flight += count
-                job.most = max(job.most, job.in_flight)
-            try:
-                yield
-            finally:
-                with job.lock:
-                    job.in_flight -= count
+        """Hold ``count`` of the ``--parallel`` pod slots while the pods run (counted for the check too)."""
+        with self.job.fan.budget.take(count, self.stop), self.job.pods.take(count, self.stop):
+            yield
 
     def wait_done(self, name: str, timeout: float):
         return self.job.watch().wait_done(name, timeout, self.stop)
@@ -136,7 +128,7 @@ class Job:
         self.took: dict[str, float] = {}
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
-        self.in_flight = self.most = 0          # this check's pods now, and the most at once
+        self.pods = Budget(1 << 30)             # this check's own pods: how many now, the most at once
         self.ended = 0                          # nodes whose work has ended
         self.skipped = 0
         self.lane = Lane(self)
@@ -343,8 +335,8 @@ class FanOut:
             med = statistics.median(took.values())
             slow, slow_s = max(took.items(), key=lambda kv: kv[1])
             line = (f"{job.name}: {len(took)} nodes in {wall:.1f}s (the nodes' own times add up to {total:.1f}s; "
-                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {job.most} "
-                    f"pod{'s' if job.most != 1 else ''} in flight)")
+                    f"median {med:.1f}s, slowest {slow} {slow_s:.1f}s; at most {job.pods.most} "
+                    f"pod{'s' if job.pods.most != 1 else ''} in flight)")
             if skipped:
                 line += f"; {skipped} node(s) skipped, see their checks"
             self.say(line)
@@ -352,7 +344,7 @@ class FanOut:
             p = {"job": job.name, "nodes": len(job.members), "parallel": self.parallel}
             recs = [MetricRecord("fanout", "wall_s", wall, "s", dict(p)),
                     MetricRecord("fanout", "node_sum_s", sum(took.values()), "s", dict(p)),
-                    MetricRecord("fanout", "max_pods_in_flight", float(job.most), "pods", dict(p))]
+                    MetricRecord("fanout", "max_pods_in_flight", float(job.pods.most), "pods", dict(p))]
             recs += [MetricRecord("fanout", "node_s", s, "s", dict(p), node=n) for n, s in sorted(took.items())]
             with contextlib.suppress(Exception):       # a record of timing never fails a check
                 self.run_dir.add_metrics(recs)
