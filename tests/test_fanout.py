@@ -280,3 +280,40 @@ def test_a_pull_that_recovers_is_not_counted_against_the_pod():
     pulls: dict = {}
     for reason in ["ErrImagePull", "ImagePullBackOff", "ContainerCreating", "ErrImagePull"]:
         raise_if_pull_fails({"p": _pod(reason)}, pulls, "ns", "x")      # two failed pulls: still waiting
+
+
+# -------------------------------------------------------------------- a node that cannot take the pod any more
+
+
+def test_a_pod_pinned_to_a_cordoned_or_vanished_node_is_named_with_why(embedded, tmp_path):
+    """The fan-out's wait (one shared watch) ends as soon as its pod's node was cordoned or is gone, naming the node
+    and why, instead of waiting out the deadline; a pod the scheduler merely cannot place yet waits on."""
+    from test_suite_faults import with_fault
+
+    from gpuproof.cluster.api import Run
+    from gpuproof.cluster.podwatch import PodWatch
+    from gpuproof.plugin.checks import pod
+    from gpuproof.results import new_run_id
+
+    GPU_TAINT = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+    with embedded.fleet_loaded(with_fault("a100", node=1, unschedulable=True)):
+        run = Run(embedded.client, "t" + new_run_id())
+        run.create()
+        watch = PodWatch(run, "gpuproof.dev/fanout=edge", tick=1.0)
+        try:
+            labels = {"gpuproof.dev/fanout": "edge"}
+            for name, node in (("on-cordoned", "a100-1"), ("on-gone", "a100-9")):
+                run.apply(pod(name, {"nvidia.com/gpu": 1}, tolerations=GPU_TAINT, labels=labels,   # as workload pods
+                              node_selector={"kubernetes.io/hostname": node}))
+            with pytest.raises(WaitTimeout) as cordoned:
+                watch.wait_done("on-cordoned", timeout=120)
+            with pytest.raises(WaitTimeout) as gone:
+                watch.wait_done("on-gone", timeout=120)
+        finally:
+            watch.close()
+            run.cleanup(wait=False)
+    assert "node a100-1 was cordoned after the run began" in str(cordoned.value), cordoned.value
+    assert "node a100-9 is gone from the cluster" in str(gone.value), gone.value
+    for err in (cordoned.value, gone.value):
+        assert "timed out" not in str(err) and "the scheduler: 0/" in str(err), err

@@ -7,7 +7,8 @@ list + watch of the pods that carry a label selector, a name -> pod cache, and w
 
 A waiter's wait ends, as :meth:`Run.wait_pods` does, as soon as its pod can never start: bound to a node whose
 kubelet stays silent (:data:`~gpuproof.cluster.api.KUBELET_SILENCE`), refused by the kubelet for good
-(:data:`~gpuproof.cluster.api.NEVER_STARTS`), or an image that failed to pull :data:`PULL_TRIES` times.
+(:data:`~gpuproof.cluster.api.NEVER_STARTS`), or an image that failed to pull
+:data:`~gpuproof.cluster.api.PULL_TRIES` times; and a pod pinned to a node that was cordoned or went away meanwhile.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class PodWatch:
         deadline = time.monotonic() + timeout
         bound_since: dict[str, float] = {}
         pulls: dict[str, tuple[str, int]] = {}
+        looked_at = -float("inf")
         full = f"pod {self.run.namespace}/{name} {what}"
         self._ready.wait(min(timeout, 30.0))
         with self._cond:
@@ -117,6 +119,9 @@ class PodWatch:
                     _raise_if_kubelet_silent(one, bound_since, self.run.namespace, full)
                     _raise_if_never_starts(one, self.run.namespace, full)
                     raise_if_pull_fails(one, pulls, self.run.namespace, full)
+                    if time.monotonic() >= looked_at + self.tick:
+                        looked_at = time.monotonic()
+                        self._raise_if_node_refuses(pod, full)
                 if stop is not None and stop.is_set():
                     raise ClusterError(f"stopped waiting for {full}: the run is ending")
                 left = deadline - time.monotonic()
@@ -125,6 +130,26 @@ class PodWatch:
                         f"the pod list never arrived: {_root_cause(self.error)}" if self.error else "no answer yet")
                     raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state})")
                 self._cond.wait(min(left, self.tick))
+
+    def _raise_if_node_refuses(self, pod, what: str) -> None:
+        """WaitTimeout when the scheduler cannot place a pod pinned to one node because that node has been cordoned
+        or has gone since the run began (a pod waiting for GPUs other pods hold waits on: they may be freed)."""
+        node = (pod.spec.node_selector or {}).get("kubernetes.io/hostname")
+        cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None) if pod.status else None
+        if not node or pod.spec.node_name or cond is None or cond.status != "False" or cond.reason != "Unschedulable":
+            return
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            obj = self.run.cluster.core.read_node(node, _request_timeout=10)
+            why = "was cordoned after the run began (spec.unschedulable)" if obj.spec.unschedulable else ""
+        except ApiException as exc:
+            why = "is gone from the cluster" if exc.status == 404 else ""
+        except Exception:                    # noqa: BLE001  (a look that failed decides nothing; the wait goes on)
+            why = ""
+        if why:
+            raise WaitTimeout(f"pod {self.run.namespace}/{pod.metadata.name} can never be scheduled: node {node} "
+                              f"{why}; the scheduler: {cond.message}; gave up waiting for {what}")
 
     def wait_done(self, name: str, timeout: float, stop: threading.Event | None = None) -> Any:
         return self.wait(name, lambda p: p is not None and p.status.phase in ("Succeeded", "Failed"), timeout,
