@@ -40,6 +40,7 @@ step versions 30 $PY -c 'import sys, torch, pynvml; print(sys.version.split()[0]
 torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA")'
 bench probe 60
 bench health 120
+bench census 60
 bench matmul 120
 step vs_torch 120 $PY benchmarks/matmul_vs_torch.py --device "$DEV" --dtypes bf16,fp16,tf32,fp32,fp8 \
     --sizes 4096,8192 --trials 3 --json "$out/vs_torch.json"
