@@ -346,7 +346,8 @@ class FanOut:
                     MetricRecord("fanout", "node_sum_s", sum(took.values()), "s", dict(p)),
                     MetricRecord("fanout", "max_pods_in_flight", float(job.pods.most), "pods", dict(p))]
             # the node in the parameters too: `report compare` joins runs on them, so one node is followed across runs
-            recs += [MetricRecord("fanout", "node_s", s, "s", {**p, "node": n}, node=n) for n, s in sorted(took.items())]
+            recs += [MetricRecord("fanout", "node_s", s, "s", {**p, "node": n}, node=n)
+                     for n, s in sorted(took.items())]
             with contextlib.suppress(Exception):       # a record of timing never fails a check
                 self.run_dir.add_metrics(recs)
 
