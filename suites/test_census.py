@@ -60,10 +60,16 @@ def test_census_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discov
     peers = fanout.peers(request.node, lambda n: True)
     results = {name: r for name, (p, r) in peers.items() if p == pool}
     results[node.name] = result
-    verdicts = [v for v in census.judge(results, {name: pool for name in results}, census.floors_from_env(device=bench_checks.device(run)))
-                if v.node == node.name]
+    floors = census.floors_from_env(device=bench_checks.device(run))
+    record_verdicts(check, [v for v in census.judge(results, {name: pool for name in results}, floors)
+                            if v.node == node.name])
+
+
+def record_verdicts(check, verdicts) -> None:
+    """Each census verdict as a check on its node: a failed one names node, GPU, UUID, figure and what it is held
+    against (the floor as expected, the figure as actual); a skipped one says why."""
     for v in verdicts:
         if v.verdict == "skip":
-            check.record(v.check, "skip", v.expected, v.actual, v.message, target=node.name)
+            check.record(v.check, "skip", v.expected, v.actual, v.message, target=v.node)
         else:
-            check.true(v.check, v.verdict == "pass", v.expected, v.actual, what=v.detail, target=node.name)
+            check.true(v.check, v.verdict == "pass", v.expected, v.actual, what=v.detail, target=v.node)

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 import warnings
 
 import pytest
 import test_nvml_mock
+from test_real_gpu_checks import suite
 import yaml
 
 from gpuproof.bench import get, names
-from gpuproof.bench.census import (CHECKS, FLOORS_ENV, Floors, floors_from_env, judge, parse_floors, pool_key,
-                                   record_checks)
+from gpuproof.bench.census import CHECKS, FLOORS_ENV, Floors, floors_from_env, judge, parse_floors, pool_key
 from gpuproof.bench.workloads import import_workload, workloads_dir
 from gpuproof.errors import GpuproofError
 from gpuproof.plugin.fixtures import Checker
@@ -345,8 +344,8 @@ def test_records_follow_each_gpu_and_node(result):
                           ("matmul_tflops", 0), ("matmul_tflops", 1)]
     mm = by[("matmul_tflops", 1)]
     assert (mm.benchmark, mm.unit, mm.node, mm.product) == ("census", "TFLOPS", "a100-0", A100)
-    assert mm.parameters == {"node": "a100-0", "gpu": 1, "uuid": result["gpus"][1]["uuid"], "device": "cpu", "dtype": "fp32",
-                             "size": 64, "iters": 3}
+    assert mm.parameters == {"node": "a100-0", "gpu": 1, "uuid": result["gpus"][1]["uuid"], "device": "cpu",
+                             "dtype": "fp32", "size": 64, "iters": 3}
     assert by[("d2d_copy_gbps", 0)].parameters["bytes"] == 2**20
     ar = by[("allreduce_busbw_gbps", None)]
     assert ar.value == result["allreduce"]["busbw_gbps"] and ar.parameters["gpus"] == 2
@@ -379,7 +378,7 @@ def test_failed_verdicts_become_failed_checks_on_their_node(tmp_path):
     checker = Checker(RunDir.create(tmp_path, "c1"), "census")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        record_checks(checker, judge(results, {n: pool_key(H100, 8) for n in results}))
+        suite("census").record_verdicts(checker, judge(results, {n: pool_key(H100, 8) for n in results}))
     assert checker.failures == [
         "h100-1: GPU 5 (GPU-5c1e0000-0000-4000-8000-000000000005): bf16 matmul 540.0 TFLOPS is 60% of its pool's "
         f"median 900.0 (pool {H100} x8, 16 GPUs; floor 85%): expected '>= 85% of the pool median 900.0 TFLOPS', "

@@ -324,16 +324,6 @@ def _judge_allreduce(node: str, ar: dict, pool: str, median: float | None, size:
                           f"floor {floors.pool_pct:g}%)")
 
 
-def record_checks(check, verdicts: list[Verdict]) -> None:
-    """Each verdict as a check record on its node (``check`` is a Checker): fail -> a failed check with the floor
-    as expected and the figure as actual, pass -> pass, skip -> skip with why."""
-    for v in verdicts:
-        if v.verdict == "fail":
-            check.true(v.check, False, v.expected, v.actual, what=v.detail, target=v.node)
-        else:
-            check.record(v.check, v.verdict, v.expected, v.actual, v.message, target=v.node)
-
-
 def headline(result: dict) -> str:
     """One line: the GPUs measured, the spread of their figures, the all-reduce."""
     gpus = result.get("gpus") or []

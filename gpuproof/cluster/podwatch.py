@@ -29,7 +29,6 @@ class PodWatch:
         self.label_selector = label_selector
         self.tick = tick
         self.cache: dict[str, Any] = {}
-        self.requests = 0                 # list + watch requests this watch made (for the API-load figure)
         self.error: BaseException | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -47,7 +46,6 @@ class PodWatch:
         backoff = 0.2
         while not self._stop.is_set():
             try:
-                self.requests += 1
                 resp = core.list_namespaced_pod(ns, label_selector=self.label_selector, _request_timeout=30)
                 with self._cond:
                     self.cache = {p.metadata.name: p for p in resp.items}
@@ -57,7 +55,6 @@ class PodWatch:
                 rv = resp.metadata.resource_version
                 while not self._stop.is_set():
                     w = watch.Watch()
-                    self.requests += 1
                     for ev in w.stream(core.list_namespaced_pod, ns, label_selector=self.label_selector,
                                        resource_version=rv, timeout_seconds=max(1, int(self.tick)),
                                        _request_timeout=self.tick + 30, allow_watch_bookmarks=True):
@@ -157,8 +154,3 @@ class PodWatch:
 
     def wait_gone(self, name: str, timeout: float, stop: threading.Event | None = None) -> None:
         self.wait(name, lambda p: p is None, timeout, "to be deleted", stop)
-
-    def in_flight(self) -> int:
-        """Pods of this watch that exist and have not finished."""
-        with self._cond:
-            return sum(1 for p in self.cache.values() if p.status.phase not in ("Succeeded", "Failed"))

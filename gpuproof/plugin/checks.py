@@ -211,23 +211,14 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
         run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
                       target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
         return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
-    created = []
-    with lane.pods(count):
-        try:
-            for name in names:
-                run.apply(workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace,
-                                                 gpus=amount, resource=resource, node=node.name, image=image(run)))
-                created.append(name)
-            for name in names:
-                lane.wait_done(name, target.timeout(900))
-            return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
-        finally:
-            for name in created:
-                with contextlib.suppress(ApiException):
-                    run.cluster.core.delete_namespaced_pod(name, run.namespace, grace_period_seconds=0)
-            for name in created:
-                with contextlib.suppress(Exception):      # the run's cleanup deletes what is left
-                    lane.wait_gone(name, 60.0)
+    from ..bench.base import applied
+
+    pods = [workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace, gpus=amount,
+                                   resource=resource, node=node.name, image=image(run)) for name in names]
+    with lane.pods(count), applied(run, pods, lane=lane):     # deleted, and gone, before this returns
+        for name in names:
+            lane.wait_done(name, target.timeout(900))
+        return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
 
 
 def normalize_uuid(uuid, kind: str = "GPU") -> str:
