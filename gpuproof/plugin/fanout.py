@@ -165,7 +165,6 @@ class Job:
             fut.set_exception(error)
         else:
             fut.set_result(value)
-        self.fan.wake()
 
     def counts(self) -> tuple[int, int, int]:
         done = sum(1 for f in self.futures.values() if f.done())
@@ -286,10 +285,6 @@ class FanOut:
                 job.futures[node.name].cancel()
                 break
             job.run_one(node)
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
 
     # ---------------------------------------------------------------- progress and records
 
