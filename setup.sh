@@ -29,8 +29,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-echo "[setup] installing gpuproof[bench] and its dependencies into .venv (torch is large the first time)"
-.venv/bin/python -m pip install -q -e '.[bench]'
+echo "[setup] installing gpuproof[bench,test] and its dependencies into .venv (torch is large the first time)"
+.venv/bin/python -m pip install -q -e '.[bench,test]'
 
 if [ "$with_aiperf" = 1 ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
   # NVIDIA's AIPerf, for the load client's parity tests, in a venv of its own: its pins would downgrade .venv's

@@ -56,15 +56,13 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
         nnodes = bench_checks.multinode_count(nodes)
         gpus = min(bench_checks.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
         try:
-            result = bench.run_multinode(run, bench.params({"straggler_pct": pct}, device=bench_checks.device(run)), product=product,
+            params = bench_checks.bench_params(bench, run, {"straggler_pct": pct})
+            result = bench.run_multinode(run, params, product=product,
                                          nnodes=nnodes, gpus_per_node=gpus, image=bench_checks.image(run))
         except Exception as exc:  # one product failing must not hide the others
             bad.append(f"{product}: {exc}")
             continue
-        records = bench.to_records(result, node=f"{nnodes} nodes", product=product)
-        for r in records:
-            r.parameters.setdefault("run_mode", "cluster")
-        run_dir.add_metrics(records)
+        run_dir.add_metrics(bench_checks.mark(bench.to_records(result, node=f"{nnodes} nodes", product=product), run))
         if not result.get("ok"):
             bad.append(f"{product}: {result.get('wrong_total')} wrong elements / {result.get('error')}")
         for n in result.get("nodes") or []:

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -222,6 +221,11 @@ FIXTURE_TIERS = {
     "test_kubelet_dra.py::dra_cluster": ("kubelet", "a private cluster with a DRA kubelet node"),
 }
 
+# tiers whose tests run one after another in one worker when the suite runs in several (`-n N --dist loadgroup`,
+# as .ci/run does): each kubelet test starts a cluster of real containers, which would compete for the same cores
+# and the host's network setup; the other tiers' tests each take their own embedded cluster or process
+SERIAL_TIERS = ("kubelet",)
+
 # older markers: the lightest tier each one implies
 MARK_TIERS = {"sim": "cluster"}
 
@@ -290,6 +294,8 @@ def pytest_collection_modifyitems(config, items):
             item.stash[TIER_ERROR] = wrong
         if not item.get_closest_marker(tier):
             item.add_marker(tier)
+        if tier in SERIAL_TIERS:
+            item.add_marker(pytest.mark.xdist_group(tier))
 
 
 # ---- the unit tier's guard
@@ -405,21 +411,19 @@ def pytest_runtest_call(item):
     return (yield from _guarded(item))
 
 
-# ---- each tier's time, at the end of the session
+# ---- each tier's time, at the end of the session (from the test reports, so a run in several workers
+# (pytest-xdist) counts every worker's tests in the process that prints the summary)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    start = time.monotonic()
-    try:
-        return (yield)
-    finally:
-        tier, took = item.stash.get(TIER_KEY, UNIT), time.monotonic() - start
-        count = _ran.setdefault(tier, [0, 0.0])
+def pytest_runtest_logreport(report):
+    tiers = [t for t in TIERS if t in report.keywords] or [UNIT]
+    tier = tiers[0]                   # heaviest first; a hand-set lighter marker beside it does not count
+    count = _ran.setdefault(tier, [0, 0.0])
+    if report.when == "setup":
         count[0] += 1
-        count[1] += took
-        if tier == UNIT and took > SLOW_UNIT_S:
-            _slow_units.append((took, item.nodeid))
+    count[1] += report.duration
+    if tier == UNIT and report.when == "call" and report.duration > SLOW_UNIT_S:
+        _slow_units.append((report.duration, report.nodeid))
 
 
 def pytest_terminal_summary(terminalreporter):

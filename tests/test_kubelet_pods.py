@@ -100,14 +100,16 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
 @pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
 @needs_kubelet
 def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
-    """``gpuproof run --fleet lab --bench``: the whole suite passes, and on the kubelet nodes the checks that skip on
+    """``gpuproof run --fleet lab --quick-bench``: the whole suite passes, and on the kubelet nodes the checks that skip on
     kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID,
     NVIDIA's device plugin refusing a pod 2 of them (its own Allocate, over the pool's config file), its pods
     Ready, the claim's GPU seen in the pod (NVIDIA's DRA driver), and every benchmark through its pod path (probe,
     matmul, HBM, all-reduce in one pod and as an indexed Job over 2 nodes, inference Deployment + Service with
-    its load pods, the NVML sampler in their pods), recorded like real ones."""
-    proc, run = gpuproof_run(tmp_path, "--fleet", "lab", "--bench")
-    assert proc.returncode == 0, f"gpuproof run --fleet lab --bench failed:\n{proc.stdout[-6000:]}"
+    its load pods, the NVML sampler in their pods), recorded like real ones: at the benchmarks' smallest sizes
+    (``--quick-bench``, marked so in their records), since the paths, not the CPU's figures, are under test here
+    (tests/test_bench_cpu_path.py runs each benchmark's CPU path at those sizes too)."""
+    proc, run = gpuproof_run(tmp_path, "--fleet", "lab", "--quick-bench")
+    assert proc.returncode == 0, f"gpuproof run --fleet lab --quick-bench failed:\n{proc.stdout[-6000:]}"
     checks = records(run, "checks.jsonl")
     kubelet_gpu_nodes = {"a100-0", "a100-1", "l4-shared-0"}
     health = {r["target"] for r in checks if r["feature"] == "health" and r["verdict"] == "pass"}
@@ -127,6 +129,8 @@ def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
     for bench in ("probe", "matmul", "hbm", "inference"):
         nodes = {m["node"] for m in metrics if m["benchmark"] == bench}
         assert nodes == {"a100-0", "l4-shared-0"}, f"{bench}: records on {nodes} (one node per product)"
+    benches = [m for m in metrics if m["benchmark"] in ("probe", "matmul", "hbm", "inference", "allreduce")]
+    assert benches and all(json.loads(m["parameters"]).get("sizes") == "quick" for m in benches), benches[:2]
     multi = {m["node"] for m in metrics if m["benchmark"] == "allreduce"}
     assert {"a100-0", "a100-1", "2 nodes"} <= multi, f"all-reduce across a100-0 and a100-1: records on {multi}"
     visible = {m["node"]: m["value"] for m in metrics if m["metric"] == "nvml_visible_devices"}

@@ -36,6 +36,9 @@ def add_selection_options(p) -> None:
     """The options that choose the checks (shared by run and plan)."""
     p.add_argument("--bench", action="store_true", help="also run the benchmarks (suites/test_bench_*.py)")
     p.add_argument("--only-bench", action="store_true", help="run only the benchmarks")
+    p.add_argument("--quick-bench", action="store_true",
+                   help="also run the benchmarks, at their smallest sizes (seconds each): proves each benchmark's "
+                        "path on the cluster; figures are marked sizes=quick, not for comparison with a full run")
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
 
 
@@ -44,8 +47,10 @@ def selection_argv(args) -> list[str]:
     argv: list[str] = []
     if args.only_bench:
         argv += ["-m", "bench"]
-    elif not args.bench:
+    elif not (args.bench or getattr(args, "quick_bench", False)):
         argv += ["-m", "not bench"]
+    if getattr(args, "quick_bench", False):
+        argv.append("--gpuproof-quick-bench")
     if args.keyword:
         argv += ["-k", args.keyword]
     return argv

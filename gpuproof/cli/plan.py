@@ -91,7 +91,8 @@ def _preflight(args) -> list[str]:
         cluster = connect(args.kubeconfig, args.context)
         no_lease = bool({"--no-lease", "--gpuproof-no-lease"} & set(args.pytest_args))
         try:       # access reviews only: they ask, they create nothing
-            rbac_preflight(cluster, run_needs(bench=args.bench or args.only_bench, lease=not no_lease))
+            bench = args.bench or args.only_bench or args.quick_bench
+            rbac_preflight(cluster, run_needs(bench=bench, lease=not no_lease))
         except ClusterError as exc:
             warnings.append(f"a run would stop before creating anything: {exc}")
     else:
@@ -129,7 +130,8 @@ def plan_command(args) -> int:
         json.dump(plan, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        selection = " (benchmarks only)" if args.only_bench else (" (with benchmarks)" if args.bench else "")
+        with_bench = " (with benchmarks)" if args.bench or args.quick_bench else ""
+        selection = " (benchmarks only)" if args.only_bench else with_bench
         if args.keyword:
             selection += f" (-k {args.keyword})"
         sys.stdout.write(render_text(plan, selection))

@@ -91,7 +91,7 @@ def preflight(args) -> None:
         check_kubeconfig(args.kubeconfig)
         no_lease = bool({"--no-lease", "--gpuproof-no-lease"} & set(args.pytest_args))
         rbac_preflight(connect(args.kubeconfig, args.context),
-                       run_needs(bench=args.bench or args.only_bench, lease=not no_lease))
+                       run_needs(bench=args.bench or args.only_bench or args.quick_bench, lease=not no_lease))
     else:
         from ..sim.fleet_file import load_fleet
         from ..sim import binaries

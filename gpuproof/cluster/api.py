@@ -181,6 +181,7 @@ class Run:
     """One run's namespace and labelled objects."""
 
     workload_image = None     # the image the cluster lends workload pods (gpuproof.bench.workloads.Image), if any
+    quick_bench = False       # --quick-bench: the benchmarks run at their smallest sizes (ci_params)
 
     def __init__(self, cluster: Cluster, run_id: str):
         self.cluster = cluster

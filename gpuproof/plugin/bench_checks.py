@@ -34,6 +34,26 @@ def device(run=None) -> str:
     return getattr(getattr(run, "workload_image", None), "device", "cuda")
 
 
+def bench_params(bench, run=None, overrides: dict | None = None) -> dict:
+    """A benchmark's parameters for this run: its defaults (smaller ones on the CPU), its smallest sizes
+    (``ci_params``) under --quick-bench, then the caller's overrides."""
+    dev = device(run)
+    quick = dict(bench.ci_params) if getattr(run, "quick_bench", False) else {}
+    if dev != "cpu":              # the CPU path's thread and process counts; a GPU node uses its GPUs
+        quick = {k: v for k, v in quick.items() if k not in ("threads", "nproc")}
+    return bench.params({**quick, **(overrides or {})}, device=dev)
+
+
+def mark(records: list, run=None) -> list:
+    """Records of a benchmark run in the cluster: ``run_mode`` cluster, and ``sizes`` quick under --quick-bench
+    (so a report never compares them with a full run's as if alike)."""
+    for r in records:
+        r.parameters.setdefault("run_mode", "cluster")
+        if getattr(run, "quick_bench", False):
+            r.parameters.setdefault("sizes", "quick")
+    return records
+
+
 def multinode_count(nodes: list) -> int:
     return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
 
@@ -100,7 +120,7 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
             continue
         node = sorted(nodes)[0]
         resource, gpus = node_gpus(discovery, node, all_gpus)
-        p = bench.params(params or {}, device=device(run))
+        p = bench_params(bench, run, params)
         extra = {"loadgen_image": loadgen_image(run)} if name == "inference" else {}
         try:
             result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
@@ -109,10 +129,7 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
             out[product] = f"{node}: {exc}"
             continue
         result.pop("samples", None)
-        records = bench.to_records(result, node=node, product=product)
-        for r in records:
-            r.parameters.setdefault("run_mode", "cluster")
-        run_dir.add_metrics(records)
+        run_dir.add_metrics(mark(bench.to_records(result, node=node, product=product), run))
         out[product] = result
     return out
 

@@ -38,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 default=None, metavar="POOLS",
                 help="pools (comma-separated, or 'all') whose time-slicing has failRequestsGreaterThanOne; "
                      "on the embedded cluster the fleet says so")
+    g.addoption("--gpuproof-quick-bench", "--quick-bench", dest="quick_bench", action="store_true",
+                help="benchmarks at their smallest sizes, seconds each: proves every benchmark's path on the "
+                     "cluster; their figures are marked sizes=quick and are not for comparison with a full run")
     g.addoption("--gpuproof-timeout-scale", "--timeout-scale", dest="timeout_scale", type=float,
                 default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
                 help="multiply every wait's deadline (slow clusters)")
