@@ -285,6 +285,16 @@ def item_tier(item) -> tuple[str, str, str | None]:
     return UNIT, "no fixture or marker of another tier", None
 
 
+def _module_fixtures(item) -> list[str]:
+    """The module-, class- or package-scoped fixtures a test uses (a wheel, a server, a cluster of the module's own):
+    in several workers its module's tests go to one worker, so each such fixture is made once, not once a worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [name for name in info.names_closure
+            if (defs := info.name2fixturedefs.get(name)) and defs[-1].scope in ("module", "class", "package")]
+
+
 @pytest.hookimpl(tryfirst=True)       # before -m selects on the markers added here
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -296,6 +306,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(tier)
         if tier in SERIAL_TIERS:
             item.add_marker(pytest.mark.xdist_group(tier))
+        elif _module_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # a verdict that compares CPU speeds between nodes is fairest on a quiet machine: last in its worker's queue
+    items.sort(key=lambda item: bool(item.get_closest_marker("speed")))
 
 
 # ---- the unit tier's guard

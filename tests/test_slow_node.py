@@ -38,15 +38,17 @@ def test_cpu_percent_refused_naming_the_field(backend, fault, field, words):
 
 
 SLOW_FLEET = {"name": "slow", "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
-              "pools": [pool("kubelet", {"cpuPercent": 10})]}
+              "pools": [pool("kubelet", {"cpuPercent": 5})]}
 
 
 @pytest.mark.kubelet
+@pytest.mark.speed    # its healthy nodes share the cores with whatever else runs: last in the kubelet worker
 @pytest.mark.skipif(bool(kubelet.missing()), reason=kubelet.missing() or "")
 def test_the_census_names_the_node_the_kernel_holds_back(tmp_path):
-    """Three A100 kubelet nodes, the pods of a100-2 held to 10% of a core by its kubepods cgroup: the census (every
+    """Three A100 kubelet nodes, the pods of a100-2 held to 5% of a core by its kubepods cgroup: the census (every
     node at once) fails a100-2's GPUs among their pool, by node, GPU index and UUID, figure and pool median; a100-0
-    and a100-1 pass every check; the fan-out's summary names a100-2 as the slowest node."""
+    and a100-1 pass every check; the fan-out's summary names a100-2 as the slowest node. (At 10% a figure of
+    a100-2 came within the 50% floor once other tests squeezed the healthy nodes: tests/conftest.py's workers.)"""
     from test_kubelet_pods import gpuproof_run, records
 
     fleet = tmp_path / "slow.yaml"
