@@ -199,3 +199,28 @@ def test_tests_of_other_tiers_may_start_processes(project):
                                                         "    subprocess.run(['true'], check=True)"))
     result = project.runpytest_inprocess("-m", "server", "-k", "marked_server")
     result.assert_outcomes(passed=1)
+
+
+GROUPS_PLUGIN = '''
+def pytest_collection_finish(session):
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        print("ITEM", item.name, mark.args[0] if mark else "-")
+'''
+
+
+def test_workers_make_a_module_fixture_once_and_take_kubelet_tests_in_one_queue(project):
+    """Under pytest-xdist (`-n N --dist loadgroup`, as .ci/run runs the tiers after the unit tier): the kubelet tier is
+    one group (one worker, one test at a time), a module's tests that share a module-scoped fixture are one group
+    (the fixture is made once), other tests go wherever a worker is free, and a test marked speed is collected last."""
+    project.makepyfile(test_speed_inner="import pytest\n\n\n@pytest.mark.speed\ndef test_compares_speeds():\n"
+                                        "    pass\n\n\ndef test_collected_after_it():\n    pass\n",
+                       groups_plugin=GROUPS_PLUGIN)
+    project.syspathinsert()
+    out = project.runpytest_inprocess("--collect-only", "-q", "-p", "groups_plugin").stdout.str()
+    items = re.findall(r"^ITEM (\S+) (\S+)$", out, re.M)
+    groups = dict(items)
+    assert groups["test_kubelet_outweighs_the_cluster"] == "kubelet"
+    assert groups["test_takes_a_fixture_built_on_the_cluster"] == "test_tiers_inner.py"
+    assert groups["test_pure"] == groups["test_takes_the_cluster"] == groups["test_collected_after_it"] == "-"
+    assert items[-1] == ("test_compares_speeds", "-"), items
