@@ -100,8 +100,8 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
 @pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
 @needs_kubelet
 def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
-    """``gpuproof run --fleet lab --quick-bench``: the whole suite passes, and on the kubelet nodes the checks that skip on
-    kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID,
+    """``gpuproof run --fleet lab --quick-bench``: the whole suite passes, and on the kubelet nodes the checks that
+    skip on kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID,
     NVIDIA's device plugin refusing a pod 2 of them (its own Allocate, over the pool's config file), its pods
     Ready, the claim's GPU seen in the pod (NVIDIA's DRA driver), and every benchmark through its pod path (probe,
     matmul, HBM, all-reduce in one pod and as an indexed Job over 2 nodes, inference Deployment + Service with

@@ -42,14 +42,19 @@ def add_selection_options(p) -> None:
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
 
 
+def runs_benchmarks(args) -> bool:
+    """Whether the selection options (add_selection_options) include the benchmarks."""
+    return args.bench or args.only_bench or args.quick_bench
+
+
 def selection_argv(args) -> list[str]:
     """-m and -k for --bench/--only-bench/-k."""
     argv: list[str] = []
     if args.only_bench:
         argv += ["-m", "bench"]
-    elif not (args.bench or getattr(args, "quick_bench", False)):
+    elif not runs_benchmarks(args):
         argv += ["-m", "not bench"]
-    if getattr(args, "quick_bench", False):
+    if args.quick_bench:
         argv.append("--gpuproof-quick-bench")
     if args.keyword:
         argv += ["-k", args.keyword]

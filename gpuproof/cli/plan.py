@@ -9,8 +9,8 @@ import json
 import sys
 
 from ..errors import GpuproofError
-from .options import (SUITES_INI, add_selection_options, add_target_options, check_kubeconfig, selection_argv,
-                      suites_dir)
+from .options import (SUITES_INI, add_selection_options, add_target_options, check_kubeconfig, runs_benchmarks,
+                      selection_argv, suites_dir)
 
 DESCRIPTION = """\
 List what `gpuproof run` with the same options would create in the cluster, on which nodes,
@@ -91,8 +91,7 @@ def _preflight(args) -> list[str]:
         cluster = connect(args.kubeconfig, args.context)
         no_lease = bool({"--no-lease", "--gpuproof-no-lease"} & set(args.pytest_args))
         try:       # access reviews only: they ask, they create nothing
-            bench = args.bench or args.only_bench or args.quick_bench
-            rbac_preflight(cluster, run_needs(bench=bench, lease=not no_lease))
+            rbac_preflight(cluster, run_needs(bench=runs_benchmarks(args), lease=not no_lease))
         except ClusterError as exc:
             warnings.append(f"a run would stop before creating anything: {exc}")
     else:
@@ -130,8 +129,7 @@ def plan_command(args) -> int:
         json.dump(plan, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        with_bench = " (with benchmarks)" if args.bench or args.quick_bench else ""
-        selection = " (benchmarks only)" if args.only_bench else with_bench
+        selection = " (benchmarks only)" if args.only_bench else (" (with benchmarks)" if runs_benchmarks(args) else "")
         if args.keyword:
             selection += f" (-k {args.keyword})"
         sys.stdout.write(render_text(plan, selection))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..errors import GpuproofError
 from ..results import new_run_id
-from .options import (SUITES_INI, add_selection_options, add_target_options, check_kubeconfig, selection_argv,
-                      suites_dir)
+from .options import (SUITES_INI, add_selection_options, add_target_options, check_kubeconfig, runs_benchmarks,
+                      selection_argv, suites_dir)
 
 
 def register(sub) -> None:
@@ -91,7 +91,7 @@ def preflight(args) -> None:
         check_kubeconfig(args.kubeconfig)
         no_lease = bool({"--no-lease", "--gpuproof-no-lease"} & set(args.pytest_args))
         rbac_preflight(connect(args.kubeconfig, args.context),
-                       run_needs(bench=args.bench or args.only_bench or args.quick_bench, lease=not no_lease))
+                       run_needs(bench=runs_benchmarks(args), lease=not no_lease))
     else:
         from ..sim.fleet_file import load_fleet
         from ..sim import binaries
