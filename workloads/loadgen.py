@@ -700,11 +700,16 @@ def calibrate(seconds: float, users: int, token_gap_ms: float = 1.0, warm_s: flo
             idx = -1
             t_start = PLAN.begin_step(idx, rate, warm_s + seconds + 1.0, lead_s=0.0)
             gevent.sleep(warm_s)
+            # the stub's counts are read around the client's window: requests that finish while a /stats read is
+            # on its way (long on a busy machine) count for the stub only, so the client's count over the stub's
+            # window (``requests_around``) is kept too
+            around0 = PLAN.done.get(idx, 0)
             s0 = json.loads(_get(url + "/stats")[1])
             cpu0, w0, d0 = _cpu_s(), time.perf_counter(), PLAN.done.get(idx, 0)
             gevent.sleep(seconds)
             cpu1, w1, d1 = _cpu_s(), time.perf_counter(), PLAN.done.get(idx, 0)
             s1 = json.loads(_get(url + "/stats")[1])
+            around1 = PLAN.done.get(idx, 0)
             PLAN.end_step()
             _wait(lambda: PLAN.inflight == 0, 30, "the calibration requests to finish")
             recs = _collect(idx)
@@ -728,6 +733,7 @@ def calibrate(seconds: float, users: int, token_gap_ms: float = 1.0, warm_s: flo
         "max_tokens": PLAN.max_tokens, "token_gap_ms": token_gap_ms,
         "endpoint": "loadstub.py on 127.0.0.1 (same answer shape, no compute)",
         "stub_cpu": (s1["cpu_s"] - s0["cpu_s"]) / wall, "stub_requests": stub_req,
+        "requests_around": around1 - around0,
         "stub_cpu_per_request_us": (s1["cpu_s"] - s0["cpu_s"]) / stub_req * 1e6 if stub_req else None,
         "since_start_s": w0 - t_start,
     }

@@ -294,13 +294,20 @@ def _join_cgroup(state: State, sub: str) -> Callable[[], None]:
     return join
 
 
+def _subgroups(d: Path) -> list[Path]:
+    """``d`` and every cgroup under it, deepest first. Groups that vanish while they are listed (a container's,
+    removed as its processes die) are passed over: ``os.walk`` ignores a directory it cannot list, where
+    ``Path.rglob`` raises."""
+    found = [Path(top) for top, _, _ in os.walk(d)]
+    return sorted(found, key=lambda p: -len(p.parts))
+
+
 def _cgroup_pids(state: State) -> set[int]:
     pids: set[int] = set()
     for d in _cgroup_dirs(state):
-        if d.is_dir():
-            for f in d.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError, ValueError):
-                    pids.update(int(x) for x in f.read_text().split())
+        for group in _subgroups(d):
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(x) for x in (group / "cgroup.procs").read_text().split())
     return pids
 
 
@@ -479,7 +486,7 @@ def stop(sim_dir: Path, progress: Progress = _quiet) -> bool:
         _sh("ip", "link", "del", state.veth(i), check=False)
     _sh("ip", "link", "del", state.bridge, check=False)
     for d in _cgroup_dirs(state):
-        for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [d]:
+        for sub in _subgroups(d):
             with contextlib.suppress(OSError):
                 sub.rmdir()
     shutil.rmtree(state_dir(Path(sim_dir)), ignore_errors=True)
