@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "gpuproof.cli.clean",         # gpuproof clean
     "gpuproof.cli.bench",         # gpuproof bench --local ...
     "gpuproof.cli.report",        # gpuproof report compare|baseline|check|html
+    "gpuproof.cli.conformance",   # gpuproof conformance: Kubernetes AI Conformance evidence from a run
 ]
 
 DESCRIPTION = """\
