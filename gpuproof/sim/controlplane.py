@@ -36,8 +36,9 @@ import yaml
 
 from ..errors import ControlPlaneError
 from ..vocab import SIMULATED
-from .fleet import KWOK_ANNOTATION, ControlPlane, Fleet, kwok_managed
+from .fleet import KWOK_ANNOTATION, KWOK_MANAGED, ControlPlane, Fleet, kwok_managed
 from . import binaries as _binaries
+from . import replay
 from .pki import make_pki
 from .stages import kwok_config
 
@@ -273,12 +274,17 @@ class SimCluster:
         client = connect(kubeconfig=str(self.kubeconfig))
         core = client.core
         old = [n.metadata.name for n in core.list_node().items
-               if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) in SIMULATED]
+               if (n.metadata.annotations or {}).get(KWOK_ANNOTATION) in (*SIMULATED, *KWOK_MANAGED)]
         if old:
             progress(f"removing {len(old)} simulated nodes of the previous fleet")
             _parallel(lambda name: _ignore_404(core.delete_node, name), old)
-        # kwok reads its stages once, at start: restart it with this fleet's stages
-        (self.dir / "kwok.yaml").write_text(kwok_config(fleet))
+        # replay nodes: the API server reads their pods' logs from kwok's server, which serves the recordings
+        shutil.rmtree(self.dir / "replay", ignore_errors=True)
+        logs = replay.node_logs(fleet, self.dir / "replay")
+        nodes = [replay.node_endpoint(n, state.base_port + PORTS["kwok"]) if replay.is_replay(n) else n
+                 for n in nodes]
+        # kwok reads its stages (and logs) once, at start: restart it with this fleet's
+        (self.dir / "kwok.yaml").write_text(kwok_config(fleet, logs))
         pid = state.pids.get("kwok")
         if pid and _alive(pid, state.exes["kwok"]):
             _terminate(pid, state.exes["kwok"])
@@ -295,6 +301,7 @@ class SimCluster:
         from . import operator
 
         operator.apply(client, nodes, timeout=timeout, progress=progress)
+        replay.apply_stand_ins(client, nodes, timeout=timeout, progress=progress)
         publish_dra(client, fleet, str(self.kubeconfig), progress=progress)
         from . import kubelet    # the fleet's kubelet pools: real nodes that register themselves
 
@@ -362,9 +369,12 @@ class SimCluster:
                          "--kube-api-qps=200", "--kube-api-burst=400"]
             return args
         if comp == "kwok":
+            # a serving certificate: the API server reads replay pods' logs from kwok's server over HTTPS (it
+            # verifies no kubelet certificate); kwok then serves HTTPS and HTTP (its /healthz) on one address
             return [exe, f"--kubeconfig={kc}", f"--config={self.dir / 'kwok.yaml'}",
                     "--manage-all-nodes=false",
-                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                    f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION} in ({','.join(KWOK_MANAGED)})",
+                    f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
                     f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
                     "--cidr=10.244.0.0/16", "--node-ip=10.240.0.1"]
         raise ValueError(comp)

@@ -43,6 +43,7 @@ from ..vocab import KWOK_ANNOTATION
 from ..vocab import LABELS_BY, NFD_PCI_LABEL, RESOURCES_BY
 
 POOL_LABEL = "node.kubernetes.io/instance-type"
+REPLAY_NODE_LABEL = "gpuproof.dev/replay-node"     # replay nodes: where the device plugin's stand-in goes
 
 # images every kubelet node imports, which a fault can leave out of one node's containerd (gpuproof.sim.kubelet_faults)
 NODE_IMAGES = ("workloads",)
@@ -140,6 +141,8 @@ class Fault:
     # kubelet nodes: the share of one CPU core (percent) the node's pods may use together, set as the CFS quota of
     # the kubelet's kubepods cgroup: a slow node made real (the workloads take their CPU path on these nodes)
     cpu_percent: int | None = None
+    # replay nodes (gpuproof.sim.replay): the node's census pod returns the census recorded under a CPU quota
+    replay_slow: bool = False
 
     @property
     def unmanaged(self) -> bool:
@@ -293,10 +296,13 @@ class Pool:
                 "beta.kubernetes.io/arch": "amd64",
                 "type": "kwok",
                 POOL_LABEL: self.instance_type or self.name,
+                **({REPLAY_NODE_LABEL: "true"} if self.backend == "replay" else {}),
                 **gpu_labels,
                 **self.labels,
             }
-            annotations = {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"}
+            # replay nodes: kwok plays their kubelet too, but gpuproof places its pods there (gpuproof.sim.replay)
+            annotations = {KWOK_ANNOTATION: "replay" if self.backend == "replay" else "fake",
+                           "node.alpha.kubernetes.io/ttl": "0"}
             if view:
                 annotations.update(view.annotations())
             node = {
@@ -377,9 +383,12 @@ def dra_faults_applied(devices: list[dict], faults: list[Fault]) -> tuple[list[d
     return devices, duplicate
 
 
+KWOK_MANAGED = ("fake", "replay")        # the annotation values of the nodes kwok manages
+
+
 def kwok_managed(node: dict) -> bool:
     """Whether kwok keeps this Node object Ready (the others play dead or sick kubelets)."""
-    return node["metadata"]["annotations"][KWOK_ANNOTATION] == "fake"
+    return node["metadata"]["annotations"][KWOK_ANNOTATION] in KWOK_MANAGED
 
 
 def _apply_fault(node: dict, fault: Fault) -> None:
@@ -458,9 +467,12 @@ class Fleet:
             if any(p.needs_nvidia() for p in self.pools):
                 from . import gpunodes, nvidia
 
-                views = gpunodes.observe(nvidia.locate(progress=progress), self, progress=progress)
+                # replay nodes are Node objects as kwok's are: NVIDIA's GFD and device plugin write them alike
+                seen = dataclasses.replace(self, pools=[dataclasses.replace(p, backend="kwok") if
+                                                        p.backend == "replay" else p for p in self.pools])
+                views = gpunodes.observe(nvidia.locate(progress=progress), seen, progress=progress)
         self.views = views
-        return [n for p in self.pools if p.backend == "kwok"       # kubelet nodes register themselves
+        return [n for p in self.pools if p.backend in ("kwok", "replay")     # kubelet nodes register themselves
                 for n in p.node_objects({i: views[(p.name, i)] for i in range(p.count) if (p.name, i) in views})]
 
 

@@ -35,8 +35,9 @@ PLUGIN_CONFIG_SECTIONS = ("flags", "resources", "sharing", "imex")
 LABEL_SCHEMES = ("gfd", "gke", "eks", "karpenter", "aks", "openshift")
 # how a pool's GPUs reach pods: the device plugin (extended resources), DRA (ResourceSlices), or both
 OFFERS = ("device-plugin", "dra", "both")
-# what plays a pool's nodes: kwok (Node objects only), or real kubelets with containerd (gpuproof.sim.kubelet)
-BACKENDS = ("kwok", "kubelet")
+# what plays a pool's nodes: kwok (Node objects only), real kubelets with containerd (gpuproof.sim.kubelet), or
+# kwok nodes whose workload pods return recorded results of gpuproof's workloads as their logs (gpuproof.sim.replay)
+BACKENDS = ("kwok", "kubelet", "replay")
 
 
 
@@ -242,6 +243,7 @@ def _parse_fault(f: _Fields) -> Fault:
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or not 1 <= cpu <= 10000):
         f.fail("cpuPercent", f"must be a whole number of percent of one CPU core, 1 to 10000, got {_kind(cpu)} {cpu!r}")
     fault.cpu_percent = cpu
+    fault.replay_slow = f.bool("replaySlow")
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
         f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
@@ -318,8 +320,12 @@ def _parse_pool(f: _Fields) -> Pool:
         for key, (attr, why) in KUBELET_NODE_FAULTS.items():
             if getattr(fault, attr) and pool.backend != "kubelet":
                 f.fail(f"faults[{i}].{key}", why)
+        if fault.replay_slow and pool.backend != "replay":
+            f.fail(f"faults[{i}].replaySlow", "is for replay nodes, whose census pod returns a recording")
     if pool.backend == "kubelet":
         _check_kubelet_pool(pool, f)
+    if pool.backend == "replay":
+        _check_replay_pool(pool, f)
     f.done()
     return pool
 
@@ -352,6 +358,22 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
             f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
                                    "devicePluginConfig, missingImages and cpuPercent: their labels, resources and "
                                    "state are what NVIDIA's software and the kubelet make of them")
+
+
+def _check_replay_pool(pool: Pool, f: _Fields) -> None:
+    """Replay nodes return recordings of one node shape: the pool must be that shape, offered as recorded."""
+    from . import replay
+
+    recs = replay.load()
+    if recs is None:
+        f.fail("backend", f"replay pools need recordings in {replay.RECORDINGS}; record them with "
+                          "`python -m gpuproof.sim.replay_record`")
+    if pool.gpu is None or (pool.gpu.product, pool.gpu.count) != (recs.product, recs.gpus):
+        f.fail("gpu", f"replay nodes return what was recorded on {recs.gpus}x {recs.product} "
+                      f"({replay.RECORDINGS}); give the pool that gpu, or record another shape")
+    if pool.offer != "device-plugin" or pool.time_slicing or pool.mig_enabled or pool.label_scheme != "gfd":
+        f.fail("backend", "replay nodes are whole GPUs through NVIDIA's device plugin, labelled by GFD (as "
+                          "recorded): no DRA, sharing, MIG or other label scheme")
 
 
 def _check_scheme(pool: Pool, f: _Fields) -> None:

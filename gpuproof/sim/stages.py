@@ -7,6 +7,10 @@ a container asking for more than one of that resource fails admission as the kub
 the pod Failed, reason ``UnexpectedAdmissionError`` and the plugin's own error in the message. (MPS
 pools, whose plugin cannot run here, get the refusal the plugin documents for MPS, marked as modelled.)
 
+On replay nodes (gpuproof.sim.replay) gpuproof's workload pods whose recorded logs kwok serves then complete as
+their container would: phase Succeeded, container terminated with exit code 0; kwok's ``ClusterLogs`` documents
+(in the same config file) serve each such pod's log. Other pods there run on, as on any kwok node.
+
 Node stages are left to kwok's defaults (initialise, heartbeat).
 """
 
@@ -124,7 +128,8 @@ def _refusals(fleet: Fleet) -> dict[tuple[str, str], list[str]]:
     return out
 
 
-def pod_stages(fleet: Fleet | None) -> list[dict]:
+def pod_stages(fleet: Fleet | None, replayed: list[str] | None = None) -> list[dict]:
+    """The pod Stages; ``replayed``: the pods whose recorded logs kwok serves (they complete once Running)."""
     stages = []
     for n, ((resource, message), nodes) in enumerate(sorted(_refusals(fleet).items()) if fleet else []):
         stages.append(_stage(
@@ -144,6 +149,13 @@ def pod_stages(fleet: Fleet | None) -> list[dict]:
          {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}],
         {"statusTemplate": _SUCCEEDED},
     ))
+    if replayed:
+        stages.append(_stage(
+            "pod-replay-complete",
+            [_NOT_DELETED, {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+             {"key": ".metadata.name", "operator": "In", "values": sorted(replayed)}],
+            {"statusTemplate": _SUCCEEDED},
+        ))
     stages.append(_stage("pod-delete", [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
                          {"finalizers": {"empty": True}, "delete": True}))
     return stages
@@ -156,5 +168,9 @@ KWOK_OPTIONS = {
 }
 
 
-def kwok_config(fleet: Fleet | None) -> str:
-    return yaml.safe_dump_all([KWOK_OPTIONS, *pod_stages(fleet)], sort_keys=False)
+def kwok_config(fleet: Fleet | None, logs: dict | None = None) -> str:
+    """kwok's --config: its options, the pod Stages, and a ClusterLogs per replayed pod (``logs``: pod -> file)."""
+    from .replay import cluster_logs
+
+    logs = logs or {}
+    return yaml.safe_dump_all([KWOK_OPTIONS, *pod_stages(fleet, list(logs)), *cluster_logs(logs)], sort_keys=False)

@@ -1,0 +1,204 @@
+"""Replay nodes: kwok nodes whose gpuproof workload pods return a recorded result of gpuproof's own workloads.
+
+A fleet pool with ``backend: replay`` is a pool of kwok-managed nodes (annotation ``kwok.x-k8s.io/node: replay``)
+that look like real GPU nodes to gpuproof's discovery: its per-node pod checks (health, census, the topology probe)
+place their pods there. kwok plays the kubelet: a Stage completes each workload pod (phase Succeeded, container
+``workload`` terminated with exit code 0), and kwok serves the pod's log from a ``ClusterLogs`` document of its
+config, as the kubelet serves a container's log: gpuproof reads it through the API server's ``pods/log``, exactly as
+on a real cluster (kwok started with a serving certificate; the Node carries ``status.addresses`` 127.0.0.1 and
+``status.daemonEndpoints.kubeletEndpoint.Port`` = kwok's port).
+
+What each pod's log holds is a recording (``recordings/``, its README says how it was made): the real output of
+gpuproof's workloads run over NVIDIA's mock NVML on this machine's CPU. Per node, only identifiers are rewritten:
+the recording's GPU UUIDs become the node's (the UUIDs NVIDIA's mock gives the node's GPUs, seeded by the node's
+name, as for kubelet and DRA nodes) and the recording's host name becomes the pod's name (a pod's host name).
+A node with the fault ``replaySlow`` gets the census recorded under a CPU quota (really measured slower).
+Other pods on replay nodes (no recording covers them) run on, as on any kwok node.
+
+The device plugin's pod: a replay node's GPU labels and resources are what NVIDIA's GFD and device plugin wrote over
+the mock NVML (as for every kwok GPU node), and like the GPU operator's stand-ins of gpuproof.sim.operator, a
+DaemonSet puts a stand-in pod of NVIDIA's device plugin (its chart's names and labels, a pause container that kwok
+runs, annotated as a stand-in) on each replay node, so the stack check finds it Ready as on a real node. It serves
+nothing: it only stands where the plugin's pod stands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+
+RECORDINGS = Path(__file__).parent / "recordings"
+INDEX = RECORDINGS / "index.json"
+ANNOTATION_VALUE = "replay"
+CONTAINER = "workload"           # the container gpuproof's workload pods run in (gpuproof.bench.workloads)
+PROBE_GPUS = 2                   # the topology check's probe asks for 2 GPUs (gpuproof/suites/test_topology.py)
+
+
+def pod_names(node: str) -> dict[str, str]:
+    """workload -> the name of gpuproof's pod of it on ``node``: gpuproof.bench.base.pod_name(bench, node) for the
+    node benchmarks, ``nvlink-probe-<node>-0`` for the topology probe (gpuproof.plugin.checks.probe_on); the
+    simulator cannot import those layers, tests/test_scale_replay.py holds the two rules equal."""
+    slug = re.sub(r"[^a-z0-9]+", "-", node.lower()).strip("-")
+    return {"health": f"bench-health-{slug}"[:50].rstrip("-"),
+            "census": f"bench-census-{slug}"[:50].rstrip("-"),
+            "probe": f"nvlink-probe-{node}-0"[:63]}
+
+
+def mock_uuids(seed: str, count: int) -> list[str]:
+    """The UUIDs NVIDIA's mock NVML gives a node's GPUs in gpuproof's mock config (gpuproof.sim.gpunodes.mock_config,
+    the same rule; tests/test_scale_replay.py holds them equal)."""
+    out = []
+    for i in range(count):
+        h = hashlib.sha256(f"{seed}/{i}".encode()).hexdigest()
+        out.append(f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    file: str
+    workload: str             # health | census | probe
+    kind: str                 # normal | slow
+    uuids: tuple[str, ...]    # the recording's GPU UUIDs, in NVML index order
+    host: str                 # the host name the workload wrote
+
+    @property
+    def path(self) -> Path:
+        return RECORDINGS / self.file
+
+
+@dataclasses.dataclass(frozen=True)
+class Recordings:
+    product: str
+    gpus: int
+    items: tuple[Recording, ...]
+
+    def of(self, workload: str, kind: str = "normal") -> list[Recording]:
+        return [r for r in self.items if r.workload == workload and r.kind == kind]
+
+
+def load(index: Path = INDEX) -> Recordings | None:
+    """The recordings' index (None when there is none)."""
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, ValueError):
+        return None
+    return Recordings(data["product"], data["gpus"],
+                      tuple(Recording(r["file"], r["workload"], r["kind"], tuple(r["uuids"]), r["host"])
+                            for r in data["recordings"]))
+
+
+def node_endpoint(node: dict, port: int) -> dict:
+    """The Node object with the address and port at which the API server reaches its kubelet: kwok's server."""
+    status = node.setdefault("status", {})
+    status["addresses"] = [{"type": "InternalIP", "address": "127.0.0.1"},
+                           {"type": "Hostname", "address": node["metadata"]["name"]}]
+    status["daemonEndpoints"] = {"kubeletEndpoint": {"Port": port}}
+    return node
+
+
+from .fleet import REPLAY_NODE_LABEL as NODE_LABEL     # on replay nodes: where the device plugin's stand-in goes
+NAMESPACE = "gpuproof-replay"
+PLUGIN_APP = "nvidia-device-plugin"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+
+def plugin_daemonset() -> dict:
+    """The device plugin's stand-in DaemonSet on replay nodes (NVIDIA's chart's labels and container name)."""
+    labels = {"app.kubernetes.io/name": PLUGIN_APP, "app.kubernetes.io/instance": "replay"}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": f"{PLUGIN_APP}-replay", "namespace": NAMESPACE, "labels": labels,
+                         "annotations": {"gpuproof.dev/stand-in": "a pause container kwok runs on replay nodes; the "
+                                                                  "nodes' resources are NVIDIA's device plugin's"}},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"nodeSelector": {NODE_LABEL: "true"},
+                                           "tolerations": [{"operator": "Exists"}],
+                                           "terminationGracePeriodSeconds": 0,
+                                           "containers": [{"name": "nvidia-device-plugin-ctr", "image": PAUSE}]}}}}
+
+
+def apply_stand_ins(client, nodes: list[dict], timeout: float, progress=lambda msg: None) -> None:
+    """Replace the previous fleet's device-plugin stand-ins with this one's; wait until each replay node's is Ready."""
+    from kubernetes.client.exceptions import ApiException
+
+    from ..cluster.api import watch_until
+
+    core, apps = client.core, client.apps
+    try:
+        apps.delete_namespaced_daemon_set(f"{PLUGIN_APP}-replay", NAMESPACE, propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    wanted = {n["metadata"]["name"] for n in nodes if is_replay(n)}
+    if not wanted:
+        return
+    try:
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    apps.create_namespaced_daemon_set(NAMESPACE, plugin_daemonset())
+    progress(f"replay nodes: waiting for {len(wanted)} device-plugin stand-in pods")
+
+    def ready(cache: dict) -> bool:
+        seen = {p.spec.node_name for p in cache.values() if p.metadata.deletion_timestamp is None and any(
+            c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
+        return wanted <= seen
+
+    watch_until(core.list_namespaced_pod, ready, timeout, f"{len(wanted)} device-plugin stand-in pods to be Ready",
+                namespace=NAMESPACE)
+
+
+def is_replay(node: dict) -> bool:
+    from ..vocab import KWOK_ANNOTATION
+
+    return (node["metadata"].get("annotations") or {}).get(KWOK_ANNOTATION) == ANNOTATION_VALUE
+
+
+def _rewrite(text: str, rec: Recording, uuids: list[str], host: str) -> str:
+    for old, new in zip(rec.uuids, uuids):
+        text = text.replace(old, new)
+    return text.replace(f'"host": {json.dumps(rec.host)}', f'"host": {json.dumps(host)}')
+
+
+def node_logs(fleet, out: Path) -> dict[str, Path]:
+    """Write every replay node's pod logs under ``out`` (the recordings with the node's identifiers); pod name ->
+    its log file. Empty for a fleet without replay pools."""
+    pools = [p for p in fleet.pools if p.backend == ANNOTATION_VALUE]
+    if not pools:
+        return {}
+    recs = load()
+    if recs is None:
+        from ..errors import ControlPlaneError
+
+        raise ControlPlaneError(f"replay pools need the recordings in {RECORDINGS}: record them with "
+                                "`python -m gpuproof.sim.replay_record`")
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {r.file: r.path.read_text() for r in recs.items}
+    logs: dict[str, Path] = {}
+    for pool in pools:
+        normal = recs.of("census")
+        for i, node in enumerate(pool.node_names()):
+            uuids = mock_uuids(node, pool.gpu.count)
+            slow = any(f.replay_slow for f in pool.faults_for(i))
+            chosen = {"health": recs.of("health")[i % len(recs.of("health"))],
+                      "census": recs.of("census", "slow")[0] if slow else normal[i % len(normal)],
+                      "probe": recs.of("probe")[i % len(recs.of("probe"))]}
+            for workload, pod in pod_names(node).items():
+                rec = chosen[workload]
+                path = out / f"{pod}.log"
+                path.write_text(_rewrite(texts[rec.file], rec, uuids, pod))
+                logs[pod] = path
+    return logs
+
+
+def cluster_logs(logs: dict[str, Path]) -> list[dict]:
+    """kwok's ClusterLogs documents: each pod's ``workload`` container's log is its file."""
+    return [{"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": {"name": pod},
+             "spec": {"selector": {"matchNames": [pod]},
+                      "logs": [{"containers": [CONTAINER], "logsFile": str(path), "follow": False}]}}
+            for pod, path in sorted(logs.items())]
