@@ -9,8 +9,9 @@ seeded ``replay-recording/<file>``) and NVIDIA's mock first on ``LD_LIBRARY_PATH
 written as the kubelet writes a container's log (CRI format: ``<RFC3339Nano time> <stream> F <line>``), each line
 stamped when it was read. Every workload runs in a cgroup (v1 ``cpu``) with the most CPU shares, so other work on
 this machine does not skew it, as a node's CPU is its own; the slow census runs the same command with the cgroup's
-CFS quota holding it to ``--slow-quota`` percent of one core; the recording is kept only when its matmul median is really at most 75% of the
-normal recordings' (30% slower or more) and every normal GPU's is within 10% of their median.
+CFS quota holding it to ``--slow-quota`` percent of one core; the recording is kept only when its matmul median is
+really at most 75% of the normal recordings' (30% slower or more) and every normal GPU's is within 10% of their
+median.
 """
 
 from __future__ import annotations
