@@ -10,8 +10,8 @@ on a real cluster (kwok started with a serving certificate; the Node carries ``s
 
 What each pod's log holds is a recording (``recordings/``, its README says how it was made): the real output of
 gpuproof's workloads run over NVIDIA's mock NVML on this machine's CPU. Per node, only identifiers are rewritten:
-the recording's GPU UUIDs become the node's (the UUIDs NVIDIA's mock gives the node's GPUs, seeded by the node's
-name, as for kubelet and DRA nodes) and the recording's host name becomes the pod's name (a pod's host name).
+the recording's GPU UUIDs become the node's (the UUIDs NVIDIA's mock gives the node's GPUs, seeded ``<fleet>/<node>``
+as a kubelet node's mock is) and the recording's host name becomes the pod's name (a pod's host name).
 A node with the fault ``replaySlow`` gets the census recorded under a CPU quota (really measured slower).
 Other pods on replay nodes (no recording covers them) run on, as on any kwok node.
 
@@ -183,7 +183,7 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
     for pool in pools:
         normal = recs.of("census")
         for i, node in enumerate(pool.node_names()):
-            uuids = mock_uuids(node, pool.gpu.count)
+            uuids = mock_uuids(f"{fleet.name}/{node}", pool.gpu.count)       # as a kubelet node's mock
             slow = any(f.replay_slow for f in pool.faults_for(i))
             chosen = {"health": recs.of("health")[i % len(recs.of("health"))],
                       "census": recs.of("census", "slow")[0] if slow else normal[i % len(normal)],
