@@ -1,0 +1,834 @@
+"""Kubernetes AI Conformance evidence from a finished run: ``PRODUCT.yaml`` and ``PRODUCT.md`` for a checklist.
+
+Long: the checklist's text, the one table that maps its requirements to gpuproof's checks, the judging, the two
+renderings and the rules a submission must pass belong together; split, the table and its readers would drift.
+
+How a requirement gets its status (:func:`judge`):
+
+- :data:`CHECKLISTS` holds each checklist version's requirements (section, id, level, description as the CNCF
+  template words it) and, per requirement, the gpuproof evidence that can establish it: its *parts*. A part names
+  JUnit anchors (the upstream Go test names gpuproof's cases are named after, or a suite module's JUnit classname)
+  and a gpuproof feature with check-name patterns (records of ``checks.jsonl``). A part *passed* when something it
+  names passed and nothing failed; *failed* when a check record failed or a JUnit case failed or errored; *skipped*
+  when it ran only as skips or warnings; *absent* when the run holds nothing it names.
+- A requirement whose parts are all needed (``need="all"``) is Implemented when every part passed; one that any
+  strategy satisfies (``need="any"``, gpu_sharing) when one part passed. Any failed part makes it Not Implemented,
+  whatever else passed. Anything else (skipped only, absent, only some parts) leaves the status empty, with notes
+  that say what ran and what did not: gpuproof never writes Implemented for what the run did not show.
+- A requirement without parts is not tested by gpuproof: its status is left empty with the reason, for the
+  platform's own evidence.
+
+:func:`check_product` applies the rules of the CNCF repository's CI (scripts/validate.go of
+cncf/k8s-ai-conformance) that can be applied offline, plus the evidence-anchor and PRODUCT.md rules; it
+returns one line per problem. It does not fetch URLs and does not look up the vendor among CNCF members.
+
+Report layer: imports the base (errors, results) and the report modules only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from ..errors import GpuproofError
+from ..results import CHECKS_FILE, META_FILE
+from .data import JUNIT_FILE, Run, load_run
+
+PRODUCT_YAML = "PRODUCT.yaml"
+PRODUCT_MD = "PRODUCT.md"
+DERIVED_LOG = "checks.log"      # written when the run folder holds no log of its own
+# a run's own log, when it has one (first found wins; any other top-level *.log after these)
+LOG_NAMES = ("run.log", "gpuproof.log", "e2e.log", "pytest.log")
+
+STATUSES = ("Implemented", "Not Implemented", "Partially Implemented", "N/A")
+SECTIONS = {      # key in spec -> heading in PRODUCT.md, in the template's order
+    "accelerators": "Accelerators",
+    "networking": "Networking",
+    "schedulingOrchestration": "Scheduling & Orchestration",
+    "observability": "Observability",
+    "security": "Security",
+    "operator": "Operator",
+}
+# metadata keys in the template's order -> placeholder; repoUrl is optional for the CNCF CI
+METADATA = {
+    "kubernetesVersion": "",
+    "platformName": "[Platform Name]",
+    "platformVersion": "[Platform Version]",
+    "vendorName": "[Vendor Name]",
+    "websiteUrl": "[Website URL]",
+    "repoUrl": "",
+    "documentationUrl": "[Documentation URL]",
+    "productLogoUrl": "[Product Logo URL (SVG, EPS or AI)]",
+    "description": "[Description]",
+    "contactEmailAddress": "[Contact Email Address]",
+    "k8sConformanceUrl": "[k8s-conformance submission URL: https://github.com/cncf/k8s-conformance/tree/master/"
+                         "v<version>/<product>]",
+}
+OPTIONAL_METADATA = {"repoUrl"}
+K8S_CONFORMANCE_URL = re.compile(r"^https://github\.com/cncf/k8s-conformance/tree/(master|main)/v\d+\.\d+/[^/]+/?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One piece of evidence gpuproof can give for a requirement (an upstream subtest, or one sharing strategy)."""
+
+    name: str                     # how notes name it: the upstream subtest, or what it shows
+    junit: tuple[str, ...] = ()   # JUnit anchors: "TestX/Sub" (upstream name), "suites.test_x" (a suite module)
+    feature: str = ""             # the gpuproof feature whose check records judge it ("" = JUnit only)
+    checks: tuple[str, ...] = ()  # fnmatch patterns of that feature's check names ("*" = all of them)
+    require: tuple[str, ...] = ()  # check patterns that must each have passed for the part to count as passed
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+    section: str
+    id: str
+    level: str                    # MUST | SHOULD
+    description: str
+    parts: tuple[Part, ...] = ()  # () = gpuproof does not test it
+    need: str = "all"             # all parts must pass, or "any" one (at least one strategy)
+    untested: str = ""            # why gpuproof does not test it (with parts: what the parts cannot cover)
+
+
+def _access(sub: str) -> Part:
+    # TODO(access suite, issue #38 item 1): name the access checks here (feature "access"): checks=("...",).
+    # Until then the JUnit case named after the upstream subtest judges the part.
+    return Part(sub, junit=(f"TestSecureAcceleratorAccess/{sub}",), feature="access")
+
+
+def _driver(sub: str) -> Part:
+    # TODO(issue #38 item 3): the feature and check names of driver_runtime_management's checks.
+    return Part(sub, junit=(f"TestAcceleratorDriverRuntimeManagement/{sub}",))
+
+
+def _metrics(test: str, sub: str = "") -> Part:
+    # TODO(monitoring suite): name its checks here (feature "monitoring"): checks=("...",).
+    return Part(sub or test, junit=(f"{test}/{sub}" if sub else test,), feature="monitoring")
+
+
+# The mapping, requirement -> gpuproof evidence, for each checklist gpuproof writes. Descriptions are the
+# checklist's own words (cncf/k8s-ai-conformance docs/AIConformance-1.37.yaml), as a submission carries them.
+CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
+    Requirement(
+        "accelerators", "driver_runtime_management", "SHOULD",
+        "Provide a verifiable mechanism for ensuring that compatible accelerator drivers and corresponding container "
+        "runtime configurations are correctly installed and maintained on nodes with accelerators. Once the "
+        "accelerator supports exposing driver and runtime version information as part of DRA, then the platform "
+        "should use the DRA mechanism for verification.",
+        parts=(_driver("VerifiableMechanismExposed"), _driver("DriverAndRuntimeCompatibility"))),
+    Requirement(
+        "accelerators", "gpu_sharing", "SHOULD",
+        "For accelerators that support static GPU sharing, provide well-defined mechanisms for at least one GPU "
+        "sharing strategy to improve utilization for workloads that do not require a full dedicated GPU. If "
+        "hardware-level partitioning is supported, then these fractional GPU resources should be exposed as "
+        "schedulable resources. If software-based sharing (e.g. time-slicing) is supported, then oversubscription of "
+        "GPUs should be allowed. Forward-looking: Once the accelerator supports static GPU sharing as part of DRA, "
+        "the platform should expose the DRA mechanism to allow users to leverage static GPU sharing. Once the "
+        "accelerator supports dynamic GPU sharing as part of DRA and the partitionable devices feature is GA, the "
+        "platform should expose the DRA mechanism to allow users to leverage dynamic GPU sharing.",
+        parts=(
+            Part("time-slicing", junit=("suites.test_timeslicing",), feature="timeslicing", checks=("*",),
+                 require=("co-running",)),
+            Part("MIG", junit=("suites.test_mig",), feature="mig", checks=("*",)),
+            Part("DRA: MIG devices by profile and shared claims",
+                 junit=("suites.test_dra::test_mig_devices_by_profile",
+                        "suites.test_dra::test_shared_claim_and_per_pod_claims"),
+                 feature="dra", checks=("dra-mig-*", "dra-shared-claim")),
+        ), need="any"),
+    Requirement(
+        "accelerators", "virtualized_accelerator", "SHOULD",
+        "For accelerators that support virtualized accelerator technologies (e.g. vGPU), provide well-defined "
+        "mechanisms for these to be exposed and managed, maintaining consistency with physical fractional GPUs. "
+        "Forward-looking: Once the accelerator supports virtualized accelerator technologies as part of DRA, then "
+        "the platform should use the DRA mechanism.",
+        untested="gpuproof judges the names of vGPU devices a DRA driver publishes, but does not test that vGPU "
+                 "profiles are exposed and managed like fractional GPUs"),
+    Requirement(
+        "networking", "ai_inference", "MUST",
+        "Support the Kubernetes Gateway API with an implementation for advanced traffic management for inference "
+        "services, which enables capabilities like weighted traffic splitting, header-based routing (for OpenAI "
+        "protocol headers), and optional integration with service meshes.",
+        untested="gpuproof does not install or test a Gateway API implementation (its inference benchmark calls a "
+                 "server pod directly)"),
+    Requirement(
+        "networking", "advanced_inference_ingress", "SHOULD",
+        "Support an implementation of the Gateway API Inference Extension (GAIE), which can route requests to models "
+        "hosted on Kubernetes. The implementation supports serving LLMs and making advanced routing decisions (e.g., "
+        "K/V cache-aware routing) based on metrics and capabilities advertised by the underlying model serving "
+        "platform.",
+        untested="gpuproof does not test it; upstream leaves it to the Gateway API Inference Extension's own "
+                 "conformance suite"),
+    Requirement(
+        "networking", "high_performance_networking", "SHOULD",
+        "If high performance pod-to-pod communication is needed, then provide well-defined mechanisms for these "
+        "specialized network resources to be managed and exposed such that their characteristics should be "
+        "discoverable to enable informed scheduling or workload configuration and to enable pods to attach to "
+        "multiple network interfaces. Platforms should use DRA as the mechanism to manage and expose these "
+        "specialized network resources (e.g., DRANET).",
+        untested="gpuproof's all-reduce benchmark measures bandwidth between pods, but gpuproof does not test how "
+                 "network devices are exposed (DRA, several interfaces per pod)"),
+    Requirement(
+        "networking", "disaggregated_inference", "SHOULD",
+        "Support the deployment and operation of disaggregated inference architectures. To be conformant, the "
+        "platform should demonstrate that it can successfully install and run a disaggregated inference solution "
+        "(e.g., vLLM, SGLang, llm-d, or Dynamo, with separate instances for distinct phases like prefill and "
+        "decode). Disaggregated serving splits phases such as prefill and decode into separately scalable components "
+        "so each phase can match different compute/memory/network needs, improving GPU utilization and tail latency "
+        "while enabling higher throughput under mixed and bursty LLM workloads.",
+        untested="gpuproof does not deploy a disaggregated inference solution"),
+    Requirement(
+        "schedulingOrchestration", "gang_scheduling", "MUST",
+        "The platform must allow for the installation and successful operation of at least one gang scheduling "
+        "solution that ensures all-or-nothing scheduling for distributed AI workloads (e.g. Kueue, Volcano, etc.) To "
+        "be conformant, the vendor must demonstrate that their platform can successfully run at least one such "
+        "solution.",
+        untested="gpuproof does not test a gang scheduler (its preemption and quota checks are not all-or-nothing "
+                 "scheduling); upstream's TestGangScheduling needs one installed"),
+    Requirement(
+        "schedulingOrchestration", "cluster_autoscaling", "MUST",
+        "If the platform provides a cluster autoscaler or an equivalent mechanism, it must be able to scale up/down "
+        "node groups containing specific accelerator types based on pending pods requesting those accelerators.",
+        untested="gpuproof never changes a cluster's size; upstream's TestAcceleratorClusterAutoscaling needs a node "
+                 "pool that scales"),
+    Requirement(
+        "schedulingOrchestration", "pod_autoscaling", "MUST",
+        "If the platform supports the HorizontalPodAutoscaler, it must function correctly for pods utilizing "
+        "accelerators. This includes the ability to scale these Pods based on custom metrics relevant to AI/ML "
+        "workloads.",
+        untested="gpuproof does not test the HorizontalPodAutoscaler"),
+    Requirement(
+        "observability", "accelerator_metrics", "MUST",
+        "For supported accelerator types, the platform must allow for the installation and successful operation of "
+        "at least one accelerator metrics solution that exposes fine-grained performance metrics via a standardized, "
+        "machine-readable metrics endpoint. This must include a core set of metrics for per-accelerator utilization "
+        "and memory usage. Additionally, other relevant metrics such as temperature, power draw, and interconnect "
+        "bandwidth should be exposed if the underlying hardware or virtualization layer makes they available. The "
+        "list of metrics should align with emerging standards, such as OpenTelemetry metrics, to ensure "
+        "interoperability. The platform may provide a managed solution, but this is not required for conformance.",
+        parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable"),
+               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric"),
+               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric"))),
+    Requirement(
+        "observability", "ai_service_metrics", "MUST",
+        "Provide a monitoring system capable of discovering and collecting metrics from workloads that expose them in "
+        "a standard format (e.g. Prometheus exposition format). This ensures easy integration for collecting key "
+        "metrics from common AI frameworks and servers.",
+        parts=(_metrics("TestAIServiceMetrics"),)),
+    Requirement(
+        "security", "secure_accelerator_access", "MUST",
+        "Ensure that access to accelerators from within containers is properly isolated and mediated by the "
+        "Kubernetes resource management framework (device plugin or DRA) and container runtime, preventing "
+        "unauthorized access or interference between workloads.",
+        parts=(_access("PositiveAccessTest"), _access("NegativeIsolationTest"),
+               _access("MultiContainerIsolationTest"))),
+    Requirement(
+        "security", "workload_sandboxing", "SHOULD",
+        "Provide a mechanism to run workloads in a sandbox that provides strong isolation from the host node kernel. "
+        "This is crucial for AI agent use cases that may execute untrusted code. The sandbox should isolate the "
+        "workload's process, memory, filesystem, and network access from the host node and other co-located pods.",
+        untested="gpuproof does not test sandboxed runtimes (gVisor, Kata)"),
+    Requirement(
+        "operator", "robust_controller", "MUST",
+        "The platform must prove that at least one complex AI operator with a CRD (e.g., Ray, Kubeflow) can be "
+        "installed and functions reliably. This includes verifying that the operator's pods run correctly, its "
+        "webhooks are operational, and its custom resources can be reconciled.",
+        untested="gpuproof does not install or test an AI operator"),
+)}
+# 1.37 has no DRA requirement (dra_support left the checklist: Kubernetes conformance covers it), so the `dra`
+# feature counts only where it shows a requirement of 1.37: sharing a GPU through DRA (gpu_sharing).
+
+
+def checklist(version: str) -> tuple[str, tuple[Requirement, ...]]:
+    """(canonical version, requirements) of a checklist version given as 1.37 or v1.37."""
+    v = str(version).strip().removeprefix("v")
+    if v not in CHECKLISTS:
+        known = ", ".join(sorted(CHECKLISTS))
+        raise GpuproofError(f"--version {version}: gpuproof has no Kubernetes AI Conformance checklist of that "
+                            f"version (it writes evidence for {known})")
+    return v, CHECKLISTS[v]
+
+
+# ---------------------------------------------------------------------------- JUnit anchors
+
+
+def case_keys(case_id: str) -> set[str]:
+    """The names a JUnit case answers to, from its ``classname::name`` id: its name (with and without pytest's
+    ``[params]``), its classname, ``classname::name``, and ``Class/Sub`` for a case ``test_Sub`` of a class
+    ``...Class`` (pytest's way of writing an upstream ``TestX/Sub``)."""
+    classname, sep, name = case_id.partition("::")
+    if not sep:
+        classname, name = "", classname
+    bare = name.split("[", 1)[0]
+    keys = {name, bare}
+    if classname:
+        last = classname.rsplit(".", 1)[-1]
+        keys |= {classname, f"{classname}::{bare}", f"{classname}::{name}", f"{last}/{bare}",
+                 f"{last}/{bare.removeprefix('test_')}"}
+    return keys
+
+
+def anchor_matches(anchor: str, case_id: str) -> bool:
+    """Whether ``#anchor`` finds this case: a key equal to it, or below it (``TestX`` finds ``TestX/Sub``)."""
+    return any(k == anchor or k.startswith(anchor + "/") for k in case_keys(case_id))
+
+
+def junit_case_ids(path: Path) -> list[str]:
+    """The ``classname::name`` ids of a JUnit file's cases (raises GpuproofError when it is not JUnit XML)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (ET.ParseError, OSError) as exc:
+        raise GpuproofError(f"{path}: not readable JUnit XML ({exc})") from exc
+    out = []
+    for case in root.iter("testcase"):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        out.append(f"{classname}::{name}" if classname else name)
+    return out
+
+
+# ---------------------------------------------------------------------------- judging a run
+
+
+@dataclasses.dataclass
+class PartResult:
+    part: Part
+    verdict: str                                           # pass | fail | skip | absent
+    checks_passed: int = 0                                 # check records that passed
+    tests_passed: int = 0                                  # JUnit cases that passed
+    failures: list[str] = dataclasses.field(default_factory=list)
+    reasons: list[str] = dataclasses.field(default_factory=list)   # why it skipped / what it lacks
+    anchors: list[str] = dataclasses.field(default_factory=list)   # JUnit anchors with cases in this run
+    targets: set = dataclasses.field(default_factory=set)
+
+    def summary(self) -> str:
+        if self.verdict == "pass":
+            what = []
+            if self.checks_passed:
+                what.append(f"{_n(self.checks_passed, 'check')} passed on {_n(len(self.targets), 'target')}")
+            if self.tests_passed:
+                what.append(f"{_n(self.tests_passed, 'test')} passed")
+            return f"{self.part.name} passed ({', '.join(what)})"
+        if self.verdict == "fail":
+            return f"{self.part.name} FAILED: " + "; ".join(self.failures[:3]) + (
+                f"; and {len(self.failures) - 3} more" if len(self.failures) > 3 else "")
+        if self.verdict == "skip":
+            return f"{self.part.name} did not run (" + "; ".join(self.reasons[:2] or ["skipped"]) + ")"
+        return f"{self.part.name}: not in this run"
+
+
+@dataclasses.dataclass
+class Judgement:
+    requirement: Requirement
+    state: str              # implemented | failed | incomplete | skipped | absent | untested
+    parts: list[PartResult]
+
+    @property
+    def status(self) -> str:
+        return {"implemented": "Implemented", "failed": "Not Implemented"}.get(self.state, "")
+
+    @property
+    def tested(self) -> bool:
+        return self.state in ("implemented", "failed", "incomplete")
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    line = " ".join(str(text or "").split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def judge_part(part: Part, records: list[dict], cases) -> PartResult:
+    recs = [r for r in records if part.feature and part.checks and r.get("feature") == part.feature
+            and any(fnmatch.fnmatchcase(str(r.get("check", "")), p) for p in part.checks)]
+    hits = [c for c in cases if any(anchor_matches(a, c.id) for a in part.junit)]
+    res = PartResult(part, "absent")
+    res.anchors = [a for a in part.junit if any(anchor_matches(a, c.id) for c in hits)]
+    for r in recs:
+        verdict, target = r.get("verdict"), str(r.get("target", ""))
+        if verdict == "pass":
+            res.checks_passed += 1
+            res.targets.add(target)
+        elif verdict == "fail":
+            res.failures.append(_one_line(r.get("message") or f"{target}: {r.get('check')}: expected "
+                                          f"{r.get('expected')}, actual {r.get('actual')}"))
+        elif verdict == "skip" and r.get("message"):
+            res.reasons.append(_one_line(r["message"]))
+        elif verdict == "warn":
+            res.reasons.append(_one_line(f"warning: {r.get('message') or r.get('check')}"))
+    for c in hits:
+        if c.outcome == "passed":
+            res.tests_passed += 1
+        elif c.outcome in ("failed", "error"):
+            res.failures.append(_one_line(f"{c.id}: {c.message or c.outcome}"))
+        elif c.message:
+            res.reasons.append(_one_line(c.message))
+    res.reasons = list(dict.fromkeys(res.reasons))
+    missing = [p for p in part.require
+               if not any(r.get("verdict") == "pass" and fnmatch.fnmatchcase(str(r.get("check", "")), p) for r in recs)]
+    if res.failures:
+        res.verdict = "fail"
+    elif (res.checks_passed or res.tests_passed) and not missing:
+        res.verdict = "pass"
+    elif recs or hits:
+        res.verdict = "skip"
+        if res.checks_passed and missing:
+            res.reasons.insert(0, f"{', '.join(missing)} did not pass")
+    return res
+
+
+def judge(run: Run, requirements: tuple[Requirement, ...]) -> list[Judgement]:
+    records = run.checks.to_dict("records") if not run.checks.empty else []
+    cases = run.junit.cases if run.junit is not None else []
+    out = []
+    for req in requirements:
+        if not req.parts:
+            out.append(Judgement(req, "untested", []))
+            continue
+        parts = [judge_part(p, records, cases) for p in req.parts]
+        passed = [p for p in parts if p.verdict == "pass"]
+        if any(p.verdict == "fail" for p in parts):
+            state = "failed"
+        elif passed and (req.need == "any" or len(passed) == len(parts)):
+            state = "implemented"
+        elif passed:
+            state = "incomplete"
+        elif any(p.verdict == "skip" for p in parts):
+            state = "skipped"
+        else:
+            state = "absent"
+        out.append(Judgement(req, state, parts))
+    return out
+
+
+# ---------------------------------------------------------------------------- PRODUCT.yaml
+
+
+@dataclasses.dataclass
+class RunFacts:
+    """What the notes say about the run the evidence comes from."""
+
+    run_id: str
+    target: str
+    kubernetes_version: str
+    cluster: str
+
+    @property
+    def simulated(self) -> bool:
+        return self.target in ("embedded", "local")
+
+    def phrase(self) -> str:
+        where = "gpuproof's embedded (simulated) cluster" if self.simulated else (self.cluster or self.target or
+                                                                                  "an unnamed cluster")
+        k8s = f", Kubernetes {self.kubernetes_version}" if self.kubernetes_version else ""
+        return f"gpuproof run {self.run_id} ({where}{k8s})"
+
+
+def _notes(j: Judgement, facts: RunFacts) -> str:
+    req = j.requirement
+    parts = "; ".join(p.summary() for p in j.parts)
+    own = "gpuproof's own checks (not the upstream Go suite), their JUnit cases named after the upstream tests"
+    named = any("/" in a or a.startswith("Test") for p in j.parts for a in p.part.junit)
+    by = f" by {own}" if named else ""
+    if j.state == "untested":
+        return (f"Not tested by gpuproof: {req.untested}. Add the platform's own evidence (documentation URLs or "
+                "test output) and set the status.")
+    if j.state == "implemented":
+        return f"Tested in {facts.phrase()}{by}: {parts}."
+    if j.state == "failed":
+        return (f"FAILED in {facts.phrase()}{by}: {parts}. Not Implemented until the failure is fixed and a new "
+                "run passes.")
+    need = "every part" if req.need == "all" else "one part"
+    if j.state == "incomplete":
+        return (f"Not established by {facts.phrase()}, which needs {need} to pass: {parts}. Complete it with the "
+                "platform's own evidence for what did not run, then set the status.")
+    return (f"gpuproof tests this, but {facts.phrase()} did not: {parts}. Run gpuproof where it applies, or add "
+            "the platform's own evidence, then set the status.")
+
+
+def metadata_for(run: Run, version: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """The template's metadata: placeholders in [brackets] (which the CNCF CI refuses), what the run recorded
+    named in them, and the overrides given."""
+    meta = dict(METADATA)
+    meta["kubernetesVersion"] = f"v{version}"
+    if run.cluster:
+        meta["platformName"] = f"[Platform Name: the run's cluster was {run.cluster}]"
+    if run.kubernetes_version:
+        meta["platformVersion"] = f"[Platform Version: the cluster reported Kubernetes {run.kubernetes_version}]"
+    for key, value in (overrides or {}).items():
+        if key not in METADATA:
+            raise GpuproofError(f"metadata {key!r}: not a field of the checklist's metadata (one of "
+                                f"{', '.join(METADATA)})")
+        meta[key] = str(value)
+    return meta
+
+
+def build_product(run: Run, version: str, prefix: str, log_name: str,
+                  metadata: dict[str, str] | None = None) -> tuple[dict, list[Judgement]]:
+    """The PRODUCT.yaml document (a dict in the template's order) and the judgements behind it. Evidence links
+    are ``file://<prefix>/junit.xml#<anchor>`` and ``file://<prefix>/<log_name>``."""
+    v, requirements = checklist(version)
+    facts = RunFacts(run.run_id, str(run.meta.get("target", "")), run.kubernetes_version, run.cluster)
+    judgements = judge(run, requirements)
+    spec: dict[str, list[dict]] = {s: [] for s in SECTIONS}
+    base = f"file://{prefix}/" if prefix else "file://"
+    for j in judgements:
+        evidence = []
+        if j.tested:
+            evidence = [f"{base}{JUNIT_FILE}#{a}" for p in j.parts if p.verdict in ("pass", "fail") for a in p.anchors]
+            evidence.append(f"{base}{log_name}")
+        spec[j.requirement.section].append({
+            "id": j.requirement.id, "description": j.requirement.description, "level": j.requirement.level,
+            "status": j.status, "evidence": list(dict.fromkeys(evidence)), "notes": _notes(j, facts)})
+    return {"metadata": metadata_for(run, v, metadata), "spec": spec}, judgements
+
+
+def render_yaml(doc: dict, header: str = "") -> str:
+    import yaml
+
+    body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False, width=10_000)
+    lines = "".join(f"# {line}".rstrip() + "\n" for line in header.splitlines())
+    return lines + ("\n" if lines else "") + body
+
+
+def _header(run: Run, version: str, judgements: list[Judgement]) -> str:
+    facts = RunFacts(run.run_id, str(run.meta.get("target", "")), run.kubernetes_version, run.cluster)
+    lines = [f"Kubernetes AI Conformance checklist v{version}, filled in by `gpuproof conformance` from",
+             f"{facts.phrase()}.",
+             "A requirement gpuproof tested has its status from the run, with the run's JUnit cases and log as",
+             "evidence. An empty status means this run did not establish it: its notes say why. Add the platform's",
+             "own evidence there (documentation URLs or test output), set the status, fill in the metadata in",
+             "[brackets], then rewrite PRODUCT.md: gpuproof conformance --markdown <this folder>."]
+    if facts.simulated:
+        lines.append("This run was against gpuproof's embedded, simulated cluster: evidence for trying the pipeline,"
+                     " not for a submission.")
+    if run.kubernetes_version and not re.match(rf"^v?{re.escape(version)}(\.|$|[-+])", run.kubernetes_version):
+        lines.append(f"The run's cluster reported Kubernetes {run.kubernetes_version}, not {version}: a "
+                     f"v{version} submission needs a run against a {version} cluster.")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- PRODUCT.md
+
+_ICON = {"Implemented": "✅", "Not Implemented": "❌", "Partially Implemented": "🟠", "N/A": "➖", "": "⬜"}
+
+
+def _title(rid: str) -> str:
+    acronyms = {"ai": "AI", "gpu": "GPU", "dra": "DRA", "api": "API", "crd": "CRD"}
+    return " ".join(acronyms.get(w, w.capitalize()) for w in rid.split("_"))
+
+
+def _cell(text: Any) -> str:
+    return " ".join(str(text or "").split()).replace("|", "\\|")
+
+
+def _link(item: str) -> str:
+    if item.startswith(("http://", "https://")):
+        return f"[{item}]({item})"
+    return f"`{item}`"
+
+
+def render_markdown(doc: dict) -> str:
+    """PRODUCT.md from the PRODUCT.yaml document: the platform, a summary by status, every requirement at a
+    glance, then each with its evidence and notes. A pure function of the document (the rules compare)."""
+    meta = doc.get("metadata") or {}
+    spec = doc.get("spec") or {}
+    version = str(meta.get("kubernetesVersion", ""))
+    name = str(meta.get("platformName") or "Platform")
+    out = [f"# Kubernetes AI Conformance {version}: {name}", "", "## Platform", "", "| | |", "|:--|:--|"]
+    for key, label in (("vendorName", "Vendor"), ("platformName", "Platform"), ("platformVersion", "Platform version"),
+                       ("kubernetesVersion", "Kubernetes version"), ("websiteUrl", "Website"),
+                       ("documentationUrl", "Documentation"), ("repoUrl", "Repository"),
+                       ("contactEmailAddress", "Contact"), ("k8sConformanceUrl", "Kubernetes conformance")):
+        if meta.get(key):
+            out.append(f"| **{label}** | {_cell(meta[key])} |")
+    if meta.get("description"):
+        out += ["", f"> {_cell(meta['description'])}"]
+    reqs = [(section, r) for section in SECTIONS for r in (spec.get(section) or [])]
+    counts: dict[str, int] = {}
+    for _, r in reqs:
+        counts[str(r.get("status") or "")] = counts.get(str(r.get("status") or ""), 0) + 1
+    out += ["", "## Summary", "", "| Status | Requirements |", "|:--|:--:|"]
+    for status in (*STATUSES, ""):
+        if counts.get(status):
+            out.append(f"| {_ICON.get(status, '')} {status or 'Not filled in'} | {counts[status]} |")
+    out += [f"| **Total** | **{len(reqs)}** |", "", "## At a glance", "",
+            "| Section | Requirement | Level | Status |", "|:--|:--|:--:|:--|"]
+    for section, r in reqs:
+        status = str(r.get("status") or "")
+        out.append(f"| {SECTIONS[section]} | {_title(str(r.get('id')))} | {r.get('level', '')} | "
+                   f"{_ICON.get(status, '')} {status or 'not filled in'} |")
+    out += ["", "## Requirements"]
+    for section in SECTIONS:
+        items = spec.get(section) or []
+        if not items:
+            continue
+        out += ["", f"### {SECTIONS[section]}"]
+        for r in items:
+            status = str(r.get("status") or "")
+            out += ["", f"#### {_ICON.get(status, '')} {_title(str(r.get('id')))} (`{r.get('id')}`)", "",
+                    f"**Level:** {r.get('level', '')} | **Status:** {status or 'not filled in'}", "",
+                    f"> {_cell(r.get('description'))}"]
+            evidence = [e for e in (r.get("evidence") or []) if e]
+            if evidence:
+                out += ["", "**Evidence:**", ""] + [f"- {_link(str(e))}" for e in evidence]
+            if r.get("notes"):
+                out += ["", f"**Notes:** {_cell(r['notes'])}"]
+    out += ["", "---", "", "*Generated from PRODUCT.yaml by gpuproof conformance.*", ""]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+def _load_yaml(path: Path) -> tuple[Any, str]:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")), ""
+    except OSError as exc:
+        return None, f"{path.name}: cannot be read ({exc.strerror or exc})"
+    except yaml.YAMLError as exc:
+        return None, f"{path.name}: not valid YAML ({' '.join(str(exc).split())})"
+
+
+def _evidence_file(link: str, product_dir: Path, root: Path | None) -> tuple[Path | None, list[Path]]:
+    """Where a local evidence link points: ``file://`` stripped, ``#anchor`` cut. A relative path is looked up
+    from ``root`` when given, else from the product's folder and each folder above it (a submission's links are
+    relative to the repository root, e.g. file://v1.37/acme/junit.xml)."""
+    path = link.removeprefix("file://").split("#", 1)[0]
+    p = Path(path)
+    if p.is_absolute():
+        tried = [p]
+    elif root is not None:
+        tried = [root / p]
+    else:
+        tried = [d / p for d in (product_dir, *product_dir.parents)]
+    return next((t for t in tried if t.is_file()), None), tried
+
+
+def check_product(path: str | os.PathLike, root: str | os.PathLike | None = None) -> list[str]:
+    """The rules a PRODUCT.yaml must pass, one line per problem ([] = none): the CNCF CI's (metadata complete and
+    no [placeholder]; every category and requirement of the checklist; a valid status; a MUST Implemented; N/A
+    with notes; local evidence present) and gpuproof's (a JUnit anchor names a case; PRODUCT.md beside it, as
+    rendered from it). ``path`` is the file or its folder."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / PRODUCT_YAML
+    if not path.is_file():
+        return [f"{path}: no {PRODUCT_YAML} there"]
+    doc, err = _load_yaml(path)
+    if err:
+        return [err]
+    if not isinstance(doc, dict):
+        return [f"{path.name}: not a mapping with metadata and spec"]
+    problems: list[str] = []
+    meta, spec = doc.get("metadata"), doc.get("spec")
+    version = ""
+    if not isinstance(meta, dict):
+        problems.append("metadata: missing")
+    else:
+        for key in METADATA:
+            value = meta.get(key)
+            if value is None:
+                if key not in OPTIONAL_METADATA:
+                    problems.append(f"metadata.{key}: missing")
+            elif not isinstance(value, str):
+                problems.append(f"metadata.{key}: not a string")
+            elif not value.strip():
+                if key not in OPTIONAL_METADATA:
+                    problems.append(f"metadata.{key}: empty")
+            elif value.startswith("[") and value.endswith("]"):
+                problems.append(f"metadata.{key}: still a placeholder: {value}")
+            elif key == "k8sConformanceUrl" and not K8S_CONFORMANCE_URL.match(value):
+                problems.append(f"metadata.k8sConformanceUrl: {value} is not of the form "
+                                "https://github.com/cncf/k8s-conformance/tree/master/v<version>/<product>")
+            elif key == "productLogoUrl" and value.startswith("http") and \
+                    not value.lower().endswith((".svg", ".eps", ".ai")):
+                problems.append(f"metadata.productLogoUrl: {value} must link to an SVG, EPS or AI file")
+        version = str(meta.get("kubernetesVersion") or "").removeprefix("v")
+    if version not in CHECKLISTS:
+        problems.append(f"metadata.kubernetesVersion: {meta.get('kubernetesVersion') if isinstance(meta, dict) else ''}"
+                        f" names no checklist gpuproof knows ({', '.join('v' + v for v in CHECKLISTS)})")
+        return problems
+    if not isinstance(spec, dict):
+        return problems + ["spec: missing"]
+    junit_ids: dict[Path, list[str]] = {}
+    for req in CHECKLISTS[version]:
+        items = spec.get(req.section)
+        if not isinstance(items, list):
+            problems.append(f"spec.{req.section}: missing")
+            continue
+        found = next((r for r in items if isinstance(r, dict) and r.get("id") == req.id), None)
+        where = f"spec.{req.section}.{req.id}"
+        if found is None:
+            problems.append(f"{where}: missing")
+            continue
+        status = str(found.get("status") or "")
+        evidence = [str(e) for e in (found.get("evidence") or []) if e]
+        if req.level == "SHOULD" and not status and not evidence:
+            continue                        # a SHOULD left blank is allowed
+        if req.level == "MUST" and status != "Implemented":
+            problems.append(f"{where}: a MUST needs status Implemented, it is " + (repr(status) if status else "empty"))
+        elif status not in STATUSES:
+            problems.append(f"{where}: status {status!r} is not one of {', '.join(STATUSES)}")
+        if status == "N/A" and not str(found.get("notes") or "").strip():
+            problems.append(f"{where}: status N/A needs notes saying why")
+        for link in evidence:
+            if link.startswith(("http://", "https://")):
+                continue                    # the CNCF CI fetches these; not here
+            file, tried = _evidence_file(link, path.parent, Path(root) if root else None)
+            if file is None:
+                problems.append(f"{where}: evidence {link} not found (looked at {tried[0]})")
+                continue
+            anchor = link.partition("#")[2]
+            if anchor and file.suffix == ".xml":
+                if file not in junit_ids:
+                    try:
+                        junit_ids[file] = junit_case_ids(file)
+                    except GpuproofError:
+                        junit_ids[file] = []
+                if not any(anchor_matches(anchor, c) for c in junit_ids[file]):
+                    problems.append(f"{where}: evidence {link}: no JUnit test case named {anchor} in {file.name}")
+    md = path.with_name(PRODUCT_MD)
+    if not md.is_file():
+        problems.append(f"{PRODUCT_MD}: missing beside {PRODUCT_YAML} (gpuproof conformance --markdown "
+                        f"{path.parent} writes it)")
+    elif md.read_text(encoding="utf-8") != render_markdown(doc):
+        problems.append(f"{PRODUCT_MD}: out of sync with {PRODUCT_YAML} (gpuproof conformance --markdown "
+                        f"{path.parent} rewrites it)")
+    return problems
+
+
+# ---------------------------------------------------------------------------- the evidence folder
+
+
+def _run_log(run_path: Path) -> Path | None:
+    for name in LOG_NAMES:
+        if (run_path / name).is_file():
+            return run_path / name
+    return next(iter(sorted(run_path.glob("*.log"))), None)
+
+
+def derived_log(run: Run) -> str:
+    """A plain log of the run from its records (for a run folder without a log): every check, then every test."""
+    lines = [f"# gpuproof run {run.run_id}: its checks ({CHECKS_FILE}) and tests ({JUNIT_FILE}), one a line,",
+             "# written by gpuproof conformance because the run folder holds no log of its own."]
+    for r in (run.checks.to_dict("records") if not run.checks.empty else []):
+        text = f"{r.get('ts', '')} {str(r.get('verdict', '')).upper():4} {r.get('feature')}/{r.get('check')} " \
+               f"{r.get('target')}"
+        if r.get("verdict") != "pass" and (r.get("expected") or r.get("actual")):
+            text += f" expected={_one_line(r.get('expected'), 200)} actual={_one_line(r.get('actual'), 200)}"
+        if r.get("message"):
+            text += f" : {_one_line(r['message'], 400)}"
+        lines.append(text)
+    for c in (run.junit.cases if run.junit is not None else []):
+        lines.append(f"TEST {c.outcome:7} {c.id} ({c.time:.2f} s)" + (f" : {_one_line(c.message, 400)}"
+                                                                       if c.message else ""))
+    return "\n".join(lines) + "\n"
+
+
+@dataclasses.dataclass
+class Evidence:
+    folder: Path
+    judgements: list[Judgement]
+    problems: list[str]             # what check_product says of the written folder
+    notes: list[str]                # warnings for the person (a simulated run, another Kubernetes version)
+
+
+def _out_folder(out: str | os.PathLike) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise GpuproofError(f"-o {out}: is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuproofError(f"-o {out}: cannot create the folder ({exc.strerror or exc})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise GpuproofError(f"-o {out}: the folder is not writable")
+    return out
+
+
+def default_prefix(out: str | os.PathLike) -> str:
+    """The links' path to the evidence folder: -o as given (relative links, as a submission's repository has
+    them: file://v1.37/acme/junit.xml), without ./ or a trailing slash."""
+    text = Path(out).as_posix().rstrip("/")
+    return "" if text in ("", ".") else text.removeprefix("./")
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise GpuproofError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if src.resolve() == dst.resolve():
+        return
+    try:
+        shutil.copyfile(src, dst)
+    except OSError as exc:
+        raise GpuproofError(f"{dst}: cannot be written ({exc.strerror or exc})") from None
+
+
+def write_evidence(run_arg: str | os.PathLike, out: str | os.PathLike, version: str = "1.37",
+                   metadata: dict[str, str] | None = None, prefix: str | None = None) -> Evidence:
+    """The evidence folder ``out``: PRODUCT.yaml, PRODUCT.md, the run's junit.xml, its log (or one derived from its
+    records) and checks.jsonl; then the rules, applied to what was written."""
+    v, _ = checklist(version)
+    run = load_run(run_arg)
+    if run.checks.empty and run.junit is None:
+        raise GpuproofError(f"{run.path}: the run recorded no checks ({CHECKS_FILE}) and no {JUNIT_FILE}: "
+                            "nothing to take evidence from")
+    folder = _out_folder(out)
+    log = _run_log(run.path)
+    log_name = log.name if log else DERIVED_LOG
+    prefix = default_prefix(out) if prefix is None else prefix.rstrip("/")
+    doc, judgements = build_product(run, v, prefix, log_name, metadata)
+    if (run.path / JUNIT_FILE).is_file():
+        _copy(run.path / JUNIT_FILE, folder / JUNIT_FILE)
+    if log:
+        _copy(log, folder / log_name)
+    else:
+        _write(folder / DERIVED_LOG, derived_log(run))
+    if (run.path / CHECKS_FILE).is_file():
+        _copy(run.path / CHECKS_FILE, folder / CHECKS_FILE)
+    if (run.path / META_FILE).is_file():
+        _copy(run.path / META_FILE, folder / META_FILE)
+    header = _header(run, v, judgements)
+    _write(folder / PRODUCT_YAML, render_yaml(doc, header))
+    _write(folder / PRODUCT_MD, render_markdown(doc))
+    notes = [line for line in header.splitlines() if line.startswith(("This run was", "The run's cluster"))]
+    root = None
+    if prefix and not Path(prefix).is_absolute():
+        parts = Path(prefix).parts
+        resolved = folder.resolve()
+        if resolved.parts[-len(parts):] == parts:
+            root = Path(*resolved.parts[:-len(parts)])
+    return Evidence(folder, judgements, check_product(folder, root=root), notes)
+
+
+def render_markdown_file(folder: str | os.PathLike) -> Path:
+    """Rewrite PRODUCT.md from an edited PRODUCT.yaml (the folder or the file)."""
+    path = Path(folder)
+    if path.is_dir():
+        path = path / PRODUCT_YAML
+    if not path.is_file():
+        raise GpuproofError(f"{path}: no {PRODUCT_YAML} there")
+    doc, err = _load_yaml(path)
+    if err:
+        raise GpuproofError(err)
+    if not isinstance(doc, dict):
+        raise GpuproofError(f"{path}: not a mapping with metadata and spec")
+    _write(path.with_name(PRODUCT_MD), render_markdown(doc))
+    return path.with_name(PRODUCT_MD)
