@@ -73,9 +73,9 @@ def metadata_overrides(args) -> dict[str, str]:
     return meta
 
 
-def _print_problems(problems: list[str], out=sys.stderr) -> None:
+def _print_problems(problems: list[str], out=None) -> None:
     for line in problems:
-        print(f"  - {line}", file=out)
+        print(f"  - {line}", file=out or sys.stderr)
 
 
 def _check(args) -> int:
