@@ -174,7 +174,8 @@ def test_what_a_healthy_run_shows_is_implemented_with_anchors_and_the_log(health
     assert "gpuproof's own checks (not the upstream Go suite)" in access["notes"]
     sharing = requirement(doc, "gpu_sharing")
     assert sharing["status"] == "Implemented"
-    assert sharing["evidence"] == ["file://v1.37/acme/junit.xml#suites.test_timeslicing", "file://v1.37/acme/checks.log"]
+    assert sharing["evidence"] == ["file://v1.37/acme/junit.xml#suites.test_timeslicing",
+                                   "file://v1.37/acme/checks.log"]
     assert "time-slicing passed (4 checks passed on 2 targets, 1 test passed)" in sharing["notes"]
     assert "MIG did not run (no MIG pool)" in sharing["notes"]
     for rid in ("accelerator_metrics", "ai_service_metrics", "driver_runtime_management"):   # not in this run
@@ -285,6 +286,38 @@ def test_a_simulated_run_or_another_kubernetes_version_is_said(tmp_path):
     assert text.startswith("# Kubernetes AI Conformance checklist v1.37") and "# This run was against" in text
     assert "gpuproof's embedded (simulated) cluster, Kubernetes v1.35.4" in requirement(
         product(tmp_path / "out"), "gpu_sharing")["notes"]
+
+
+def test_warnings_are_said_with_a_pass_and_alone_are_no_pass(tmp_path):
+    warned = sharing_checks() + [CheckRecord("timeslicing", "shared-product-suffix", "a", "warn",
+                                             message="a: product label lacks -SHARED")]
+    write_evidence(make_run(tmp_path / "w", warned), tmp_path / "w-out")
+    sharing = requirement(product(tmp_path / "w-out"), "gpu_sharing")
+    assert sharing["status"] == "Implemented" and "with 1 warning: a: product label lacks -SHARED" in sharing["notes"]
+    only = [CheckRecord("mig", "mig-profile-known", "m", "warn", message="m: unknown profile 9g.99gb")]
+    write_evidence(make_run(tmp_path / "o", only), tmp_path / "o-out")
+    sharing = requirement(product(tmp_path / "o-out"), "gpu_sharing")
+    assert sharing["status"] == "" and "MIG did not run (warning: m: unknown profile 9g.99gb)" in sharing["notes"]
+
+
+def test_a_whole_synthetic_run(tmp_path):
+    """gpuproof's synthetic run (every record kind, a failed label check, skipped MIG tests): nothing it holds
+    establishes a 1.37 requirement, and the folder is still whole."""
+    from gpuproof.report.synthetic import make_run as synthetic
+
+    ev = write_evidence(synthetic(tmp_path, "20250101-120000-abc123"), tmp_path / "out")
+    states = {j.requirement.id: j.state for j in ev.judgements}
+    assert states["gpu_sharing"] == "skipped" and states["secure_accelerator_access"] == "absent"
+    assert all(p.startswith(("spec.", "metadata.")) for p in ev.problems)
+
+
+def test_an_output_above_the_working_folder_gets_absolute_links(healthy, tmp_path, monkeypatch):
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    ev = write_evidence(healthy, "../ev")
+    link = requirement(product(tmp_path / "ev"), "gpu_sharing")["evidence"][0]
+    assert link == f"file://{(tmp_path / 'ev').resolve().as_posix()}/junit.xml#suites.test_timeslicing"
+    assert not [p for p in ev.problems if "evidence" in p]
 
 
 # ---------------------------------------------------------------------------- the rules

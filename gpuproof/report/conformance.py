@@ -302,6 +302,7 @@ class PartResult:
     tests_passed: int = 0                                  # JUnit cases that passed
     failures: list[str] = dataclasses.field(default_factory=list)
     reasons: list[str] = dataclasses.field(default_factory=list)   # why it skipped / what it lacks
+    warnings: list[str] = dataclasses.field(default_factory=list)  # checks that passed with a warning
     anchors: list[str] = dataclasses.field(default_factory=list)   # JUnit anchors with cases in this run
     targets: set = dataclasses.field(default_factory=set)
 
@@ -312,7 +313,9 @@ class PartResult:
                 what.append(f"{_n(self.checks_passed, 'check')} passed on {_n(len(self.targets), 'target')}")
             if self.tests_passed:
                 what.append(f"{_n(self.tests_passed, 'test')} passed")
-            return f"{self.part.name} passed ({', '.join(what)})"
+            warned = f"; with {_n(len(self.warnings), 'warning')}: {'; '.join(self.warnings[:2])}" \
+                if self.warnings else ""
+            return f"{self.part.name} passed ({', '.join(what)}{warned})"
         if self.verdict == "fail":
             return f"{self.part.name} FAILED: " + "; ".join(self.failures[:3]) + (
                 f"; and {len(self.failures) - 3} more" if len(self.failures) > 3 else "")
@@ -362,7 +365,7 @@ def judge_part(part: Part, records: list[dict], cases) -> PartResult:
         elif verdict == "skip" and r.get("message"):
             res.reasons.append(_one_line(r["message"]))
         elif verdict == "warn":
-            res.reasons.append(_one_line(f"warning: {r.get('message') or r.get('check')}"))
+            res.warnings.append(_one_line(r.get("message") or f"{target}: {r.get('check')}"))
     for c in hits:
         if c.outcome == "passed":
             res.tests_passed += 1
@@ -370,7 +373,8 @@ def judge_part(part: Part, records: list[dict], cases) -> PartResult:
             res.failures.append(_one_line(f"{c.id}: {c.message or c.outcome}"))
         elif c.message:
             res.reasons.append(_one_line(c.message))
-    res.reasons = list(dict.fromkeys(res.reasons))
+    res.reasons = list(dict.fromkeys(res.reasons + [f"warning: {w}" for w in res.warnings]))
+    res.warnings = list(dict.fromkeys(res.warnings))
     missing = [p for p in part.require
                if not any(r.get("verdict") == "pass" and fnmatch.fnmatchcase(str(r.get("check", "")), p) for r in recs)]
     if res.failures:
@@ -758,8 +762,11 @@ def _out_folder(out: str | os.PathLike) -> Path:
 
 def default_prefix(out: str | os.PathLike) -> str:
     """The links' path to the evidence folder: -o as given (relative links, as a submission's repository has
-    them: file://v1.37/acme/junit.xml), without ./ or a trailing slash."""
-    text = Path(out).as_posix().rstrip("/")
+    them: file://v1.37/acme/junit.xml), without ./ or a trailing slash; absolute when it climbs with '..'."""
+    path = Path(out)
+    if ".." in path.parts:
+        return path.resolve().as_posix()
+    text = path.as_posix().rstrip("/")
     return "" if text in ("", ".") else text.removeprefix("./")
 
 
