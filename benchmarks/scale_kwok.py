@@ -181,14 +181,16 @@ def main() -> int:
                                                                f"{DEFAULT_PARALLEL})")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "scale_kwok.json"))
     ap.add_argument("--keep", help="keep the run's report folder here")
+    ap.add_argument("--node-lease-s", type=int, default=40,
+                    help="the Lease kwok's nodes hold, renewed every quarter of it (default 40, a kubelet's)")
     args = ap.parse_args()
     slow = args.nodes * 5 // 12 if args.slow is None else args.slow
     slow_node = f"h100-{slow}"
     bound = args.parallel or DEFAULT_PARALLEL
-    out: dict = {"nodes": args.nodes, "slow_node": slow_node, "parallel": bound}
+    out: dict = {"nodes": args.nodes, "slow_node": slow_node, "parallel": bound, "node_lease_s": args.node_lease_s}
     with tempfile.TemporaryDirectory(prefix="gpuproof-scale-kwok-") as tmp:
         tmp = Path(tmp)
-        sim = SimCluster(tmp / "sim", base_port=find_free_base(), private=True)
+        sim = SimCluster(tmp / "sim", base_port=find_free_base(), private=True, node_lease_s=args.node_lease_s)
         try:
             t0 = time.monotonic()
             kubeconfig = sim.up(load_fleet(fleet_file(tmp / "fleet.yaml", args.nodes, slow)),

@@ -48,6 +48,7 @@ PORTS = {"kube-apiserver": 0, "etcd": 1, "etcd-peer": 2, "kube-controller-manage
          "kwok": 5}
 START_ORDER = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
 CONTEXT = "gpuproof-sim"
+NODE_LEASE_S = 40         # a kubelet's default node lease: renewed every 10 s
 
 Progress = Callable[[str], None]
 
@@ -120,11 +121,14 @@ class SimCluster:
     """One embedded cluster, identified by its state folder."""
 
     def __init__(self, state_dir: str | os.PathLike | None = None, base_port: int | None = None,
-                 private: bool = False):
-        """private: the cluster belongs to this process (a test session) and dies with it, even on SIGKILL."""
+                 private: bool = False, node_lease_s: int = NODE_LEASE_S):
+        """private: the cluster belongs to this process (a test session) and dies with it, even on SIGKILL.
+        node_lease_s: the Lease kwok's nodes hold (renewed every quarter of it, as a kubelet renews its own); longer
+        than the default, the node lifecycle controller's grace period is as long (benchmarks/scale_kwok.py)."""
         self.dir = Path(state_dir) if state_dir else default_state_dir()
         self.base_port = base_port
         self.private = private
+        self.node_lease_s = node_lease_s
         self._control_plane = ControlPlane()
         self._procs: dict[str, subprocess.Popen] = {}     # children this object spawned
 
@@ -367,6 +371,8 @@ class SimCluster:
                          f"--cluster-signing-key-file={pk / 'ca.key'}",
                          "--use-service-account-credentials=false", "--concurrent-gc-syncs=20",
                          "--kube-api-qps=200", "--kube-api-burst=400"]
+                if self.node_lease_s > NODE_LEASE_S:
+                    args.append(f"--node-monitor-grace-period={self.node_lease_s}s")
             return args
         if comp == "kwok":
             # a serving certificate: the API server reads replay pods' logs from kwok's server over HTTPS (it
@@ -375,7 +381,7 @@ class SimCluster:
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION} in ({','.join(KWOK_MANAGED)})",
                     f"--tls-cert-file={pk / 'apiserver.crt'}", f"--tls-private-key-file={pk / 'apiserver.key'}",
-                    f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=40",
+                    f"--server-address=127.0.0.1:{p['kwok']}", f"--node-lease-duration-seconds={self.node_lease_s}",
                     "--cidr=10.244.0.0/16", "--node-ip=10.240.0.1"]
         raise ValueError(comp)
 
