@@ -453,7 +453,7 @@ def _notes(j: Judgement, facts: RunFacts) -> str:
     if j.state == "incomplete":
         return (f"Not established by {facts.phrase()}, which needs {need} to pass: {parts}. Complete it with the "
                 "platform's own evidence for what did not run, then set the status.")
-    return (f"gpuproof tests this, but {facts.phrase()} did not: {parts}. Run gpuproof where it applies, or add "
+    return (f"Not established by {facts.phrase()}: {parts}. Run gpuproof's checks for it where they apply, or add "
             "the platform's own evidence, then set the status.")
 
 
