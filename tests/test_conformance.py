@@ -212,6 +212,22 @@ def test_a_failed_must_says_so(tmp_path):
         in ev.problems
 
 
+def test_another_failed_test_under_the_upstream_name_fails_the_requirement(tmp_path):
+    """gpuproof's further access checks (NVIDIA_VISIBLE_DEVICES=all in a pod without a grant) carry the upstream
+    test's name too: their failure is the requirement's, their pass adds nothing it needs."""
+    env = ("suites.test_access", "TestSecureAcceleratorAccess/EnvVarIsolationTest[gpu-0]", "failed",
+           "gpu-0: pod without a grant, NVIDIA_VISIBLE_DEVICES=all: saw 8 GPUs")
+    write_evidence(make_run(tmp_path / "r", cases=access_cases() + [env]), tmp_path / "out", prefix="ev")
+    access = requirement(product(tmp_path / "out"), "secure_accelerator_access")
+    assert access["status"] == "Not Implemented"
+    assert "other tests of TestSecureAcceleratorAccess FAILED: suites.test_access::TestSecureAcceleratorAccess/" \
+           "EnvVarIsolationTest[gpu-0]: gpu-0: pod without a grant, NVIDIA_VISIBLE_DEVICES=all: saw 8 GPUs" \
+        in access["notes"]
+    assert "file://ev/junit.xml#TestSecureAcceleratorAccess" in access["evidence"]
+    write_evidence(make_run(tmp_path / "p", cases=access_cases() + [env[:2] + ("passed", "")]), tmp_path / "p-out")
+    assert requirement(product(tmp_path / "p-out"), "secure_accelerator_access")["status"] == "Implemented"
+
+
 def test_skipped_only_is_not_implemented(tmp_path):
     run = make_run(tmp_path / "r", cases=access_cases(("skipped",) * 3))
     write_evidence(run, tmp_path / "out")

@@ -93,7 +93,8 @@ class Requirement:
     description: str
     parts: tuple[Part, ...] = ()  # () = gpuproof does not test it
     need: str = "all"             # all parts must pass, or "any" one (at least one strategy)
-    untested: str = ""            # why gpuproof does not test it (with parts: what the parts cannot cover)
+    untested: str = ""            # why gpuproof does not test it
+    guard: tuple[str, ...] = ()   # JUnit anchors: a failed case under one, in no part, fails the requirement too
 
 
 def _access(sub: str) -> Part:
@@ -121,7 +122,8 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "runtime configurations are correctly installed and maintained on nodes with accelerators. Once the "
         "accelerator supports exposing driver and runtime version information as part of DRA, then the platform "
         "should use the DRA mechanism for verification.",
-        parts=(_driver("VerifiableMechanismExposed"), _driver("DriverAndRuntimeCompatibility"))),
+        parts=(_driver("VerifiableMechanismExposed"), _driver("DriverAndRuntimeCompatibility")),
+        guard=("TestAcceleratorDriverRuntimeManagement",)),
     Requirement(
         "accelerators", "gpu_sharing", "SHOULD",
         "For accelerators that support static GPU sharing, provide well-defined mechanisms for at least one GPU "
@@ -213,7 +215,8 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "interoperability. The platform may provide a managed solution, but this is not required for conformance.",
         parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable"),
                _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric"),
-               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric"))),
+               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric")),
+        guard=("TestAcceleratorPerformanceMetrics",)),
     Requirement(
         "observability", "ai_service_metrics", "MUST",
         "Provide a monitoring system capable of discovering and collecting metrics from workloads that expose them in "
@@ -226,7 +229,9 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "Kubernetes resource management framework (device plugin or DRA) and container runtime, preventing "
         "unauthorized access or interference between workloads.",
         parts=(_access("PositiveAccessTest"), _access("NegativeIsolationTest"),
-               _access("MultiContainerIsolationTest"))),
+               _access("MultiContainerIsolationTest")),
+        # gpuproof's further access checks (NVIDIA_VISIBLE_DEVICES=all in an ungranted pod, DRA) under the same name
+        guard=("TestSecureAcceleratorAccess",)),
     Requirement(
         "security", "workload_sandboxing", "SHOULD",
         "Provide a mechanism to run workloads in a sandbox that provides strong isolation from the host node kernel. "
@@ -383,9 +388,21 @@ def judge_part(part: Part, records: list[dict], cases) -> PartResult:
         res.verdict = "pass"
     elif recs or hits:
         res.verdict = "skip"
-        if res.checks_passed and missing:
+        if (res.checks_passed or res.tests_passed) and missing:
             res.reasons.insert(0, f"{', '.join(missing)} did not pass")
     return res
+
+
+def _guarded(req: Requirement, cases) -> list[PartResult]:
+    """A failed part for the failed JUnit cases under the requirement's guard anchors that no part names."""
+    others = [c for c in cases if c.outcome in ("failed", "error")
+              and any(anchor_matches(a, c.id) for a in req.guard)
+              and not any(anchor_matches(a, c.id) for p in req.parts for a in p.junit)]
+    if not others:
+        return []
+    part = Part(f"other tests of {', '.join(req.guard)}", junit=req.guard)
+    return [PartResult(part, "fail", failures=[_one_line(f"{c.id}: {c.message or c.outcome}") for c in others],
+                       anchors=list(req.guard))]
 
 
 def judge(run: Run, requirements: tuple[Requirement, ...]) -> list[Judgement]:
@@ -397,6 +414,8 @@ def judge(run: Run, requirements: tuple[Requirement, ...]) -> list[Judgement]:
             out.append(Judgement(req, "untested", []))
             continue
         parts = [judge_part(p, records, cases) for p in req.parts]
+        if req.guard:
+            parts += _guarded(req, cases)
         passed = [p for p in parts if p.verdict == "pass"]
         if any(p.verdict == "fail" for p in parts):
             state = "failed"
