@@ -13,8 +13,10 @@ How a requirement gets its status (:func:`judge`):
   when it ran only as skips or warnings; *absent* when the run holds nothing it names.
 - A requirement whose parts are all needed (``need="all"``) is Implemented when every part passed; one that any
   strategy satisfies (``need="any"``, gpu_sharing) when one part passed. Any failed part makes it Not Implemented,
-  whatever else passed. Anything else (skipped only, absent, only some parts) leaves the status empty, with notes
-  that say what ran and what did not: gpuproof never writes Implemented for what the run did not show.
+  whatever else passed, and so does a failed JUnit case under the requirement's ``guard`` anchors (the
+  upstream test's name) that no part names. Anything else (skipped only, absent, only some parts) leaves the
+  status empty, with notes that say what ran and what did not: gpuproof never writes Implemented for what the run
+  did not show.
 - A requirement without parts is not tested by gpuproof: its status is left empty with the reason, for the
   platform's own evidence.
 
