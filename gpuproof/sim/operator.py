@@ -74,5 +74,14 @@ def apply(client, nodes: list[dict], timeout: float, progress=lambda msg: None) 
                     c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))}
         return pairs <= seen
 
+    def describe(cache: dict) -> str:
+        pods = {((p.metadata.labels or {}).get("app"), p.spec.node_name): p for p in cache.values()
+                if p.metadata.deletion_timestamp is None}
+        late = sorted(pairs - {k for k, p in pods.items()
+                               if any(c.type == "Ready" and c.status == "True" for c in (p.status.conditions or []))})
+        shown = [f"{app} on {node}: {pods[(app, node)].status.phase if (app, node) in pods else 'no pod'}"
+                 for app, node in late[:5]]
+        return f"{len(late)} not Ready ({', '.join(shown)}{', ...' if len(late) > 5 else ''})"
+
     watch_until(core.list_namespaced_pod, ready, timeout, f"{len(pairs)} GPU operator component pods to be Ready",
-                namespace=NAMESPACE)
+                describe=describe, namespace=NAMESPACE)
