@@ -1,10 +1,9 @@
 """The NVML sampler (gpuproof.bench.metrics = workloads/nvml_sampler.py): no-GPU path, the read
-path against an in-memory NVML double, phase statistics, records, and DCGM via Prometheus."""
+path against an in-memory NVML double, phase statistics and records (DCGM via Prometheus:
+tests/test_dcgm_series.py)."""
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -303,41 +302,3 @@ def test_samples_go_to_the_run_dir(tmp_path):
     rd.add_samples(metrics.sample_rows(s.samples, benchmark="matmul", node="n", product="P"))
     rows = rd.samples()
     assert rows[0]["benchmark"] == "matmul" and rows[0]["run_id"] == "r1" and rows[0]["gpu_util_pct"] == 90
-
-
-class _Prometheus(BaseHTTPRequestHandler):
-    def log_message(self, *a):
-        pass
-
-    def do_GET(self):
-        assert self.path.startswith("/api/v1/query_range?")
-        body = {"status": "success", "data": {"resultType": "matrix", "result": []}}
-        if "DCGM_FI_DEV_GPU_UTIL" in self.path:
-            body["data"]["result"] = [{"metric": {"gpu": "0", "UUID": "GPU-1", "Hostname": "node-a"},
-                                       "values": [[1.0, "50"], [2.0, "70"], [3.0, "90"]]}]
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-def test_dcgm_series_from_prometheus_on_loopback():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Prometheus)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}"
-        out = metrics.dcgm_phase_summary(url, [{"name": "matmul", "start": 0.0, "end": 4.0}],
-                                         series=("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"))
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    util = out["matmul"]["DCGM_FI_DEV_GPU_UTIL"]["GPU-1"]
-    assert util["mean"] == 70.0 and util["n"] == 3 and util["node"] == "node-a"
-    assert util["p95"] == pytest.approx(88.0)  # 70 + 0.9 * (90 - 70)
-    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in out["matmul"]  # not published: left out
-    recs = metrics.dcgm_to_records(out, benchmark="matmul", node="n")
-    assert {r.metric: r.value for r in recs} == {"DCGM_FI_DEV_GPU_UTIL_mean": 70.0,
-                                                 "DCGM_FI_DEV_GPU_UTIL_p95": pytest.approx(88.0)}
-    assert recs[0].parameters["source"] == "dcgm" and recs[0].parameters["exporter_node"] == "node-a"

@@ -31,8 +31,9 @@ budget (default 1% of one core per GPU at the sampling rate) are moved to the ph
 boundaries after the first ticks, and the summary names them.
 
 Optional: :func:`read_prometheus_range` / :func:`dcgm_phase_summary` read DCGM exporter
-series from a Prometheus URL for the same phases (e.g. ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``,
-which NVML cannot give per MIG instance).
+series from a Prometheus URL for the same phases (e.g. the graphics engine's activity,
+which NVML cannot give per MIG instance), by the names and units of every exporter release
+(``dcgm_series.py``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Iterable
 
+import dcgm_series
 import workload_common as common
 
 DEFAULT_HZ = 10.0
@@ -645,13 +647,8 @@ def summarize(samples: list[dict], phases: list[dict] | None = None) -> dict:
 
 # ------------------------------------------------------------------ DCGM via Prometheus
 
-DCGM_SERIES = (
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_SM_CLOCK",
-)
+# quantities (dcgm_series.FIELDS) read from the exporter, each by its classic and its DCGM 4.7 name
+DCGM_SERIES = ("gpu_util_pct", "gr_engine_active", "sm_active", "power_w", "sm_clock_mhz")
 
 
 def read_prometheus_range(url: str, query: str, start: float, end: float, step: float = 1.0,
@@ -668,27 +665,40 @@ def read_prometheus_range(url: str, query: str, start: float, end: float, step: 
     ]
 
 
+def dcgm_query(quantity: str, selector: str = "") -> str:
+    """A PromQL selector for both names of a quantity (an exporter writes one set): ``{__name__=~"A|B",...}``."""
+    names = "|".join(name for name, _ in dcgm_series.FIELDS[quantity])
+    return "{" + f'__name__=~"{names}"' + (f",{selector}" if selector else "") + "}"
+
+
 def dcgm_phase_summary(url: str, phases: list[dict], series: Iterable[str] = DCGM_SERIES,
                        step: float = 1.0, selector: str = "") -> dict:
-    """Mean and p95 per phase, DCGM field and GPU (labels gpu / UUID / Hostname).
+    """Mean and p95 per phase, quantity and GPU (key: UUID, else gpu index), in gpuproof's units.
 
-    ``selector`` is added inside the braces, e.g. ``Hostname="node-a"``. A series the
-    exporter does not publish is left out; an unreachable Prometheus raises.
+    Each quantity is asked for by its classic and its DCGM 4.7 name (dcgm-exporter 4.9 renamed them and changed
+    their units: utilization 0-1, memory in bytes, clocks in Hz); values are brought to gpuproof's unit
+    (``dcgm_series.FIELDS``), and each GPU keeps the name the exporter wrote and its node from either spelling of
+    the host label (``Hostname`` up to 4.5.3-4.8.2, ``hostname`` since). ``selector`` is added inside the braces,
+    e.g. ``hostname="node-a"``. A quantity the exporter does not publish is left out; an unreachable Prometheus
+    raises.
     """
     out: dict[str, Any] = {}
     for p in phases:
         if p.get("end") is None:
             continue
         per_field: dict[str, Any] = {}
-        for field in series:
-            query = f"{field}{{{selector}}}" if selector else field
-            for s in read_prometheus_range(url, query, p["start"], p["end"], step):
+        for quantity in series:
+            for s in read_prometheus_range(url, dcgm_query(quantity, selector), p["start"], p["end"], step):
                 labels = s["metric"]
-                key = labels.get("UUID") or labels.get("gpu") or "?"
-                vals = [v for _, v in s["values"]]
-                per_field.setdefault(field, {})[key] = {
+                name = labels.get("__name__", "")
+                factor = dcgm_series.BY_NAME[name][1] if name in dcgm_series.BY_NAME else 1.0
+                vals = [v * factor for _, v in s["values"] if not dcgm_series.blank(v)]
+                if not vals:
+                    continue
+                key = dcgm_series.label(labels, "uuid") or labels.get("gpu") or "?"
+                per_field.setdefault(quantity, {})[key] = {
                     "mean": common.mean(vals), "p95": common.percentile(vals, 95), "n": len(vals),
-                    "node": labels.get("Hostname", ""),
+                    "node": dcgm_series.label(labels, "host") or "", "name": name,
                 }
         out[p["name"]] = per_field
     return out

@@ -85,17 +85,22 @@ def cost_records(summary: dict, *, benchmark: str, node: str = "", product: str 
             for key, (metric, unit) in COST_METRICS.items() if cost.get(key) is not None]
 
 
+DCGM_UNITS = {"_pct": "%", "_mib": "MiB", "_mhz": "MHz", "_c": "C", "_w": "W", "_j": "J"}
+
+
 def dcgm_to_records(dcgm: dict, *, benchmark: str, node: str = "", product: str = "") -> list[MetricRecord]:
-    """Records of :func:`dcgm_phase_summary` output: metric ``<DCGM field>_<mean|p95>``."""
+    """Records of :func:`dcgm_phase_summary` output: metric ``dcgm_<quantity>_<mean|p95>`` in gpuproof's unit,
+    whichever names the exporter wrote (kept in ``dcgm_name``)."""
     out: list[MetricRecord] = []
     for phase, fields in (dcgm or {}).items():
-        for field, per_gpu in fields.items():
+        for quantity, per_gpu in fields.items():
+            unit = next((u for suffix, u in DCGM_UNITS.items() if quantity.endswith(suffix)), "")
             for gpu, stats in per_gpu.items():
                 params = {"of": benchmark, "phase": phase, "gpu": gpu, "source": "dcgm",
-                          "exporter_node": stats.get("node", "")}
+                          "exporter_node": stats.get("node", ""), "dcgm_name": stats.get("name", "")}
                 for stat in ("mean", "p95"):
                     if stats.get(stat) is not None:
-                        out.append(MetricRecord("utilization", f"{field}_{stat}", float(stats[stat]), "",
+                        out.append(MetricRecord("utilization", f"dcgm_{quantity}_{stat}", float(stats[stat]), unit,
                                                 dict(params), node=node, product=product))
     return out
 

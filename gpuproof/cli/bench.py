@@ -83,7 +83,8 @@ def register(sub) -> None:
     p.add_argument("--prometheus", default=None,
                    help="also read DCGM exporter series from this Prometheus URL for each benchmark's time window")
     p.add_argument("--prometheus-selector", default="",
-                   help='label selector for the DCGM series, e.g. Hostname="node-a"')
+                   help='label selector for the DCGM series, e.g. hostname="node-a" (the exporter\'s host label: '
+                        '"hostname" since 4.6.0-4.8.3, "Hostname" before)')
     p.add_argument("--out", default="reports", help="parent folder of run folders (default: reports)")
     p.add_argument("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
     p.add_argument("--quiet", action="store_true", help="do not echo the workloads' progress")
