@@ -53,7 +53,6 @@ def test_the_renamed_host_label_and_the_dcgm_4_7_names_read_the_same():
 
 
 def test_pod_attribution_on_the_gpu_a_pod_holds_only():
-    _, _ = _read("h100-pod-on-gpu0-issue490.prom")
     rows = dcgm.readings(dcgm.parse((DATA / "h100-pod-on-gpu0-issue490.prom").read_text()))
     assert {r.gpu: r.pod for r in rows} == {"0": ("default", "dcgmproftester2", "dcgmproftester2"), "1": None}
     # the old namespace's spellings (--use-old-namespace), and an empty pod label as older releases wrote it
