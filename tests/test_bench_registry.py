@@ -189,3 +189,27 @@ def test_a_server_that_will_not_stop_costs_its_own_summary_not_the_load_figures(
     assert "inference_server did not finish within 60s" in result["server_error"]
     assert result["utilization"]["available"] is False
     assert inf.to_records(result) is not None   # the records are still written
+
+
+def test_the_documented_rules_judge_metrics_the_benchmarks_write():
+    """Every rule of the rules example in reports/README.md matches a record the benchmarks' own to_records write
+    (the example once named inference/latency_p9[59]_ms, which no benchmark wrote: copied, it judged nothing)."""
+    import json
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from gpuproof.report.baseline import parse_rules
+
+    text = (Path(__file__).parents[1] / "reports" / "README.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "rules:" in b)
+    rules = parse_rules(yaml.safe_load(block), "reports/README.md")
+    step = {"step": 0, "offered_rps": 4.0, "served_rps": 4.0, "e2e_p50_ms": 80.0, "e2e_p90_ms": 95.0,
+            "e2e_p99_ms": 120.0}
+    recs = [*get("matmul").to_records(MATMUL_RESULT, node="n", product="P"),
+            *get("inference").to_records({"device": "cuda", "load": {"steps": [step]}}, node="n", product="P")]
+    for rule in rules:
+        hits = [r for r in recs if rule.matches(r.benchmark, r.metric, json.dumps(r.parameters, sort_keys=True,
+                                                                                  default=str))]
+        assert hits, f"rule {rule.metric!r} of reports/README.md judges no metric the benchmarks write"

@@ -27,10 +27,10 @@ rules:
   - metric: matmul/tflops
     tolerance: 5%
     direction: higher_is_better
-  - metric: "re:^inference/latency_p(50|99)_ms$"
+  - metric: "re:^inference/p(50|99)_ms$"
     tolerance: 0.05
     direction: lower_is_better
-  - metric: allreduce/busbw
+  - metric: allreduce/busbw_gbps
     parameters: {size_bytes: "268435456"}
     tolerance: 0.05
     direction: higher_is_better
@@ -44,9 +44,9 @@ def runs(tmp_path_factory):
     after = make_run(root, "after", scale={
         "matmul/tflops/fp16": 0.90,          # the seeded 10% regression
         "matmul/tflops/bf16": 0.98,          # a 2% drop: within the 5% rule
-        "allreduce/busbw": 0.98,
-        "inference/latency_p99_ms": 1.02,    # 2% slower: within the 5% rule
-        "inference/latency_p50_ms": 0.80,    # 20% faster: improved
+        "allreduce/busbw_gbps": 0.98,
+        "inference/p99_ms": 1.02,    # 2% slower: within the 5% rule
+        "inference/p50_ms": 0.80,    # 20% faster: improved
     })
     rules = root / "rules.yaml"
     rules.write_text(RULES)
@@ -71,9 +71,9 @@ def test_seeded_ten_percent_regression_is_flagged_and_two_percent_is_not(runs):
     for v in report.verdicts:
         by_name.setdefault((v.benchmark, v.metric, json.loads(v.parameters).get("dtype")), set()).add(v.status)
     assert by_name[("matmul", "tflops", "bf16")] == {"ok"}         # -2% under a 5% rule
-    assert by_name[("allreduce", "busbw", "float32")] == {"ok"}
-    assert by_name[("inference", "latency_p99_ms", None)] == {"ok"}  # +2% latency under a 5% rule
-    assert by_name[("inference", "latency_p50_ms", None)] == {"improved"}
+    assert by_name[("allreduce", "busbw_gbps", "float32")] == {"ok"}
+    assert by_name[("inference", "p99_ms", None)] == {"ok"}  # +2% latency under a 5% rule
+    assert by_name[("inference", "p50_ms", None)] == {"improved"}
     # rows the rules do not cover are counted, not judged
     assert report.unjudged > 0
     assert not any(v.metric == "ratio_to_peak" for v in report.verdicts)
@@ -160,17 +160,17 @@ def test_rule_parameter_filters(runs):
     assert not rule.matches("matmul", "tflops", json.dumps({"dtype": "fp32", "m": 8192}))
     assert not rule.matches("matmul", "tflops", json.dumps({"dtype": "fp16", "m": 4096}))
     assert not rule.matches("matmul", "tflops", json.dumps({"m": 8192}))
-    assert not rule.matches("allreduce", "busbw", "{}")
+    assert not rule.matches("allreduce", "busbw_gbps", "{}")
 
 
 def test_new_and_missing_rows(tmp_path):
     base = make_run(tmp_path, "base", samples=False, junit=False)
-    baseline = {k: v for k, v in load_baseline(_saved(tmp_path, base)).items() if k[1] != "latency_p50_ms"}
+    baseline = {k: v for k, v in load_baseline(_saved(tmp_path, base)).items() if k[1] != "p50_ms"}
     run = load_run(base)
     run.metrics = run.metrics[run.metrics["metric"] != "throughput_rps"]
     rules = parse_rules([{"metric": "inference/*", "tolerance": 0.05, "direction": "lower_is_better"}])
     report = check_run(run, baseline, rules)
-    assert {v.metric for v in report.verdicts if v.status == "new"} == {"latency_p50_ms"}
+    assert {v.metric for v in report.verdicts if v.status == "new"} == {"p50_ms"}
     assert {v.metric for v in report.verdicts if v.status == "missing"} == {"throughput_rps"}
     assert not report.regressions
 

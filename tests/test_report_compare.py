@@ -33,7 +33,7 @@ def test_metric_deltas_and_direction(upgrade):
     assert fp16.delta(1) == pytest.approx(-0.10)
     assert fp16.assessment(1) == "worse"
     assert rows[("tflops", "bf16", 8192, H100)].delta(1) == pytest.approx(0.0)
-    latency = next(m for m in cmp.metrics if m.metric == "latency_p99_ms")
+    latency = next(m for m in cmp.metrics if m.metric == "p99_ms")
     assert latency.assessment(1) == ""                         # unchanged: no verdict
 
 
@@ -102,9 +102,9 @@ def test_two_gpu_types_are_matched_without_product(tmp_path):
 
 def test_three_runs_each_against_the_first(upgrade):
     root, before, after = upgrade
-    third = make_run(root, "third", scale={"allreduce/busbw": 1.2}, samples=False)
+    third = make_run(root, "third", scale={"allreduce/busbw_gbps": 1.2}, samples=False)
     cmp = compare_runs([load_run(p) for p in (before, after, third)])
-    busbw = next(m for m in cmp.metrics if m.metric == "busbw")
+    busbw = next(m for m in cmp.metrics if m.metric == "busbw_gbps")
     assert busbw.delta(1) == pytest.approx(0) and busbw.delta(2) == pytest.approx(0.2)
     assert len(cmp.inventory_changes) == 2 and cmp.inventory_changes[1] == []
     assert list(cmp.metrics_table().columns[-2:]) == ["B vs A", "C vs A"]

@@ -9,7 +9,7 @@ metrics are judged, how much worse they may get, and which way is better::
         parameters: {dtype: bf16}        # optional: only rows with these parameters (globs)
         tolerance: 5%                    # or 0.05: allowed relative change for the worse
         direction: higher_is_better
-      - metric: "re:inference/latency_p9[05]_ms"   # "re:" = regular expression
+      - metric: "re:inference/p9[09]_ms"   # "re:" = regular expression
         tolerance: 0.10
         direction: lower_is_better
         abs_tolerance: 0.5               # optional: also ignore changes smaller than this (metric's unit)

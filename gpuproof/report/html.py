@@ -141,7 +141,7 @@ def _matmul(run: Run) -> str:
 
 
 def _allreduce(run: Run) -> str:
-    series = allreduce_series(run.metrics, "busbw")
+    series = allreduce_series(run.metrics, "busbw_gbps")
     if not series:
         return ""
     svg, legend = line_chart(series, chart_id="chart-allreduce", title="All-reduce bus bandwidth",

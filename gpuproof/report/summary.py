@@ -149,11 +149,11 @@ def benchmark_tables(run: Run) -> list[tuple[str, Table]]:
         out.append(("All-reduce", t))
     inf = inference_table_rows(run.metrics)
     if inf:
-        cols = ["latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms", "throughput_rps",
+        cols = ["p50_ms", "p90_ms", "p95_ms", "p99_ms", "throughput_rps",
                 "goodput_rps", "error_rate"]
         present = [c for c in cols if any(c in r for r in inf)]
         marked = any("step_valid" in r for r in inf)   # runs that record whether the client kept up
-        t = Table(["product", "offered load"] + [c.replace("latency_", "").replace("_ms", " (ms)")
+        t = Table(["product", "offered load"] + [c.replace("_ms", " (ms)")
                                                  .replace("_rps", " (req/s)") for c in present]
                   + (["step"] if marked else []),
                   align="lr" + "r" * len(present) + ("l" if marked else ""),

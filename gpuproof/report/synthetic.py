@@ -151,13 +151,13 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
         busbws = []
         for exp in range(10, 29, 2):
             size = 2 ** exp
-            busbw = BUSBW_PEAK[product] * size / (size + 2 ** 22) * factor("allreduce", "busbw")
+            busbw = BUSBW_PEAK[product] * size / (size + 2 ** 22) * factor("allreduce", "busbw_gbps")
             busbws.append(busbw)
             params = {"size_bytes": size, "world_size": 8, "dtype": "float32"}
-            run.add_metric(MetricRecord("allreduce", "busbw", busbw, "GB/s", params, node=node, product=product))
-            run.add_metric(MetricRecord("allreduce", "algbw", busbw * 8 / 14, "GB/s", params, node=node,
+            run.add_metric(MetricRecord("allreduce", "busbw_gbps", busbw, "GB/s", params, node=node, product=product))
+            run.add_metric(MetricRecord("allreduce", "algbw_gbps", busbw * 8 / 14, "GB/s", params, node=node,
                                         product=product))
-        run.add_metric(MetricRecord("allreduce", "avg_busbw", sum(busbws) / len(busbws), "GB/s",
+        run.add_metric(MetricRecord("allreduce", "avg_busbw_gbps", sum(busbws) / len(busbws), "GB/s",
                                     {"world_size": 8, "dtype": "float32"}, node=node, product=product))
         speed = 1.0 if product == A100 else 0.6
         for rps in (5, 10, 20, 40, 60):
@@ -165,8 +165,8 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
             base = 20 * speed / (1 - load) ** 0.5
             params = {"target_rps": rps}
             for pct, mult in (("50", 1.0), ("90", 1.6), ("95", 1.9), ("99", 2.8)):
-                run.add_metric(MetricRecord("inference", f"latency_p{pct}_ms",
-                                            base * mult * factor("inference", f"latency_p{pct}_ms"), "ms", params,
+                run.add_metric(MetricRecord("inference", f"p{pct}_ms",
+                                            base * mult * factor("inference", f"p{pct}_ms"), "ms", params,
                                             node=node, product=product))
             thr = min(rps, 55 / speed) * factor("inference", "throughput_rps")
             run.add_metric(MetricRecord("inference", "throughput_rps", thr, "req/s", params, node=node,

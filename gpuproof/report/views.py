@@ -14,22 +14,14 @@ import json
 from .data import params_of
 from .tables import natural_key
 
-LATENCY_METRICS = ("latency_p50_ms", "latency_p90_ms", "latency_p95_ms", "latency_p99_ms")
+# the metrics the views plot, by the names the benchmarks write them (gpuproof/bench/benchmarks.py: one vocabulary,
+# the rules and the report read the same names): the inference's end-to-end latency percentiles are p<q>_ms
+LATENCY_METRICS = ("p50_ms", "p90_ms", "p95_ms", "p99_ms")
 KNOWN = {
     "matmul": ("tflops", "ratio_to_peak"),
-    "allreduce": ("algbw", "busbw", "avg_busbw", "max_busbw"),
+    "allreduce": ("algbw_gbps", "busbw_gbps", "avg_busbw_gbps", "max_busbw_gbps"),
     "inference": LATENCY_METRICS + ("throughput_rps", "error_rate", "goodput_rps", "step_valid"),
 }
-# Other names the benchmarks use for the same numbers (gpuproof.bench writes these).
-ALIASES = {
-    "allreduce": {"busbw_gbps": "busbw", "algbw_gbps": "algbw", "avg_busbw_gbps": "avg_busbw",
-                  "max_busbw_gbps": "max_busbw"},
-    "inference": {f"p{p}_ms": f"latency_p{p}_ms" for p in (50, 90, 95, 99)},
-}
-
-
-def canonical_metric(benchmark: str, metric: str) -> str:
-    return ALIASES.get(benchmark, {}).get(metric, metric)
 
 # Direction of "better" when a rules file does not say: patterns on "benchmark/metric".
 _LOWER = ("*latency*", "*_ms", "*_s", "*seconds*", "*error*", "*fail*", "*time*", "*duration*", "*loss*")
@@ -47,12 +39,10 @@ def default_direction(benchmark: str, metric: str) -> str:
 
 
 def _rows(metrics, benchmark: str, names):
-    """The rows of ``benchmark`` whose metric (or its alias) is in ``names``; metric
-    renamed to the canonical name, params parsed, product filled from node."""
+    """The rows of ``benchmark`` whose metric is in ``names``; params parsed, product filled from node."""
     if metrics.empty:
         return metrics
     df = metrics[metrics["benchmark"] == benchmark].copy()
-    df["metric"] = [canonical_metric(benchmark, m) for m in df["metric"]]
     df = df[df["metric"].isin(list(names))]
     if df.empty:
         return df
@@ -103,7 +93,7 @@ class Series:
     ys: list[float]
 
 
-def allreduce_series(metrics, metric: str = "busbw") -> list[Series]:
+def allreduce_series(metrics, metric: str = "busbw_gbps") -> list[Series]:
     """busbw (GB/s) against message size, one series per product / world size / dtype."""
     df = _rows(metrics, "allreduce", (metric,))
     if df.empty:
@@ -127,7 +117,7 @@ def inference_series(metrics) -> dict[str, list[Series]]:
     df = df.dropna(subset=["load"])
     out: dict[str, list[Series]] = {}
     for product, group in df[df["metric"].isin(LATENCY_METRICS)].groupby("product", sort=True):
-        group = group.assign(label=[m.replace("latency_", "").replace("_ms", "") for m in group["metric"]])
+        group = group.assign(label=[m.replace("_ms", "") for m in group["metric"]])
         out[f"latency {product}"] = _series(group, "load")
     thr = df[df["metric"].isin(("throughput_rps", "goodput_rps"))]
     if not thr.empty:
@@ -173,14 +163,14 @@ def invalid_loads(metrics) -> list[tuple[str, float, str]]:
 
 def allreduce_peaks(metrics) -> list[dict]:
     """Per product / world size / dtype: the best busbw and the size it was reached at."""
-    df = _rows(metrics, "allreduce", ("busbw", "avg_busbw"))
+    df = _rows(metrics, "allreduce", ("busbw_gbps", "avg_busbw_gbps"))
     if df.empty:
         return []
     out = []
     df["world_size"] = [str(p.get("world_size", "")) for p in df["params"]]
     df["dtype"] = [str(p.get("dtype", "")) for p in df["params"]]
-    sized = df[df["metric"] == "busbw"]
-    avgs = df[df["metric"] == "avg_busbw"]   # per run of the sweep: may name no dtype
+    sized = df[df["metric"] == "busbw_gbps"]
+    avgs = df[df["metric"] == "avg_busbw_gbps"]   # per run of the sweep: may name no dtype
     for (product, ws, dtype), group in sized.groupby(["product", "world_size", "dtype"], sort=True):
         best = group.loc[group["value"].idxmax()]
         avg = avgs[(avgs["product"] == product) & (avgs["world_size"] == ws)
@@ -194,7 +184,9 @@ def allreduce_peaks(metrics) -> list[dict]:
 
 
 UTILIZATION_COLUMNS = ("gpu_util_pct_mean", "mem_util_pct_mean", "mem_used_mib_mean", "power_w_mean",
-                       "temp_c_p95", "sm_clock_mhz_mean", "energy_j", "throttled_fraction")
+                       "temp_c_p95", "sm_clock_mhz_mean", "energy_j", "throttled_fraction",
+                       # the DCGM exporter's, through Prometheus (gpuproof bench --prometheus): GPUs keyed by UUID
+                       "dcgm_gpu_util_pct_mean", "dcgm_gr_engine_active_mean", "dcgm_power_w_mean")
 
 
 def utilization_rows(metrics) -> tuple[list[str], list[dict]]:
@@ -219,7 +211,7 @@ def other_metrics(metrics):
     if metrics.empty:
         return metrics
     known = [(b, m) for b, names in KNOWN.items() for m in names]
-    mask = [(b, canonical_metric(b, m)) not in known and b != "utilization"
+    mask = [(b, m) not in known and b != "utilization"
             for b, m in zip(metrics["benchmark"], metrics["metric"])]
     return metrics[mask]
 
