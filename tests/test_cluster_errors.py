@@ -106,3 +106,26 @@ def test_unreachable_cluster_stops_the_run_with_one_line(tmp_path):
     assert "cannot reach cluster gone at https://127.0.0.1:9" in out
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in out, out     # one line, before pytest
     assert "Traceback" not in out
+
+
+def test_a_lease_that_cannot_be_released_is_said_not_raised():
+    """The API server gone at the end of a run (issue #41: a run killed its cleanup with `internal error:
+    MaxRetryError`): releasing the run lease says why in one line and raises nothing; the lease expires by itself."""
+    import socket
+    from types import SimpleNamespace
+
+    from kubernetes import client as k8s
+
+    from gpuproof.cluster.lease import RunLease
+
+    with socket.socket() as s:                   # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = k8s.Configuration()
+    conf.host = f"http://127.0.0.1:{port}"
+    conf.retries = 0
+    lease = RunLease(SimpleNamespace(api=k8s.ApiClient(conf)), "run-1", duration_s=45)
+    lease.held = True
+    why = lease.release()
+    assert why.startswith("the API server did not answer (") and "expires by itself in 45 s" in why, why
+    assert "\n" not in why and lease.release() == ""          # released once: nothing more to say

@@ -128,6 +128,11 @@ def _run(args) -> int:
         except ImportError:
             write_all = None
         if write_all is not None:
-            write_all(run_path)
+            try:
+                write_all(run_path)
+            except Exception as exc:          # the records stay; only their rendering failed: say so, keep pytest's code
+                print(f"gpuproof: could not render the report of {run_path}: {type(exc).__name__}: {exc} "
+                      f"(checks.jsonl, metrics.jsonl and junit.xml are there; `gpuproof report html {run_path}` "
+                      "tries again)", file=sys.stderr)
         print(f"\ngpuproof: run {run_id} -> {run_path}/", file=sys.stderr)
     return code

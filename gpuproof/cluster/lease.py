@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from kubernetes import client as k8s
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from .api import MANAGED_BY, OWNER, WaitTimeout, watch_until
@@ -148,18 +149,29 @@ class RunLease:
                 lease.spec.renew_time = _now()
                 self.api.replace_namespaced_lease(NAME, self.namespace, lease)
 
-    def release(self) -> None:
+    def release(self) -> str:
+        """Give the lease up. '' when it is gone (or was never held); else why it could not be deleted (an API
+        server that stopped answering): it then expires by itself after ``duration_s``, and the next run takes it
+        over or ``gpuproof clean`` removes it."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if not self.held:
-            return
+            return ""
         self.held = False
-        with contextlib.suppress(ApiException):
-            lease = self.api.read_namespaced_lease(NAME, self.namespace)
+        try:
+            lease = self.api.read_namespaced_lease(NAME, self.namespace, _request_timeout=10)
             if lease.spec.holder_identity == self.run_id:
                 self.api.delete_namespaced_lease(NAME, self.namespace, body=k8s.V1DeleteOptions(
-                    preconditions=k8s.V1Preconditions(resource_version=lease.metadata.resource_version)))
+                    preconditions=k8s.V1Preconditions(resource_version=lease.metadata.resource_version)),
+                    _request_timeout=10)
+        except ApiException as exc:
+            if exc.status not in (404, 409):         # gone already, or taken over
+                return f"the API server refused to delete the run lease ({exc.status} {exc.reason})"
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return (f"the API server did not answer ({type(exc).__name__}): the run lease {self.namespace}/{NAME} "
+                    f"expires by itself in {self.duration_s:.0f} s")
+        return ""
 
 
 def remove_expired(cluster, dry_run: bool = False) -> list[str]:

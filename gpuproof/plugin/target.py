@@ -194,19 +194,26 @@ class Target:
         if self._closed:
             return
         self._closed = True
+        # every step stands alone: a cluster that stopped answering costs the steps that need it, never the run's
+        # records (the report is written from them after pytest, gpuproof/cli/run.py)
         if self._run is not None and not self._run._cleaned:
             try:
                 self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)
             except Exception as exc:
-                self.progress(f"cleanup of run {self.run_id} incomplete: {exc}. "
+                self.progress(f"cleanup of run {self.run_id} incomplete: {' '.join(str(exc).split())[:300]}. "
                               f"Run `gpuproof clean` to remove what is left.")
         if self.lease is not None:
-            self.lease.release()
+            why = self.lease.release()
+            if why:
+                self.progress(f"could not release the run lease: {why}")
         if self._run_dir is not None:
             self.write_inventory()
             self._run_dir.finalize(outcome)
         if self.sim is not None:
-            self.sim.down()
+            try:
+                self.sim.down()
+            except Exception as exc:          # a private cluster's processes: say what is left, go on
+                self.progress(f"could not stop the private embedded cluster: {exc}")
             self.sim = None
         self.choice.close(self.progress)     # deletes a throwaway cluster this session created
 
