@@ -129,3 +129,55 @@ def test_a_lease_that_cannot_be_released_is_said_not_raised():
     why = lease.release()
     assert why.startswith("the API server did not answer (") and "expires by itself in 45 s" in why, why
     assert "\n" not in why and lease.release() == ""          # released once: nothing more to say
+
+
+def test_a_throttled_api_server_slows_a_request_down_and_does_not_fail_it(tmp_path):
+    """429 Too Many Requests (API priority and fairness, or a low --max-requests-inflight) turns a request away before
+    it is handled: gpuproof sends it again, as Retry-After says, any method (issue #41 item 6)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from gpuproof.cluster.api import connect
+
+    seen = []
+
+    class Throttling(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self):
+            seen.append((self.command, self.path))
+            if len(seen) <= 3:
+                self.send_response(429)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            body = json.dumps({"major": "1", "minor": "34", "gitVersion": "v1.34.0", "buildDate": "2025-08-27T00:00:00Z",
+                               "compiler": "gc", "gitCommit": "0", "gitTreeState": "clean", "goVersion": "go1.24",
+                               "platform": "linux/amd64"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Throttling)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{srv.server_address[1]}"}}],
+        "users": [{"name": "t", "user": {}}], "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}))
+    try:
+        cluster = connect(str(kubeconfig))           # its reachability check: 3 answers of 429, then the version
+        assert [m for m, _ in seen] == ["GET"] * 4 and seen[-1][1] == "/version/"
+        seen.clear()
+        cluster.api.rest_client.request("POST", cluster.server + "/version/", body={})
+        assert [m for m, _ in seen] == ["POST"] * 4      # not only the idempotent methods: 429 was never handled
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -47,6 +47,7 @@ NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
 # failed pulls of one image (the kubelet's ErrImagePull, retried with back-off: 10 s, 20 s, 40 s ...) after which a
 # pod is taken to never start: an image no mirror serves does not appear by waiting out the deadline
 PULL_TRIES = 3
+THROTTLED_TRIES = 8         # answers of 429 (Too Many Requests) one request is sent again after
 MIRROR_HINT = ("point gpuproof at an image this cluster can pull: GPUPROOF_IMAGE=<mirror>/<image> for the workload "
                "pods, GPUPROOF_LOADGEN_IMAGE for the load generator, GPUPROOF_PAUSE_IMAGE for the check pods")
 
@@ -65,7 +66,12 @@ def connect(kubeconfig: str | None = None, context: str | None = None, check: bo
                            f"{f' context {context!r}' if context else ''}: {exc}") from None
     except FileNotFoundError as exc:
         raise ClusterError(f"kubeconfig not found: {exc.filename}") from None
-    cfg.retries = urllib3.Retry(total=3, connect=2, read=0, backoff_factor=0.2)
+    # connection failures: 2 tries more; 429 (API priority and fairness, or the API server's inflight limit, turned
+    # the request away before handling it, so any method may be sent again): up to 8 more, as Retry-After says or
+    # with back-off. A throttled cluster slows a run down; it does not fail it (issue #41)
+    cfg.retries = urllib3.Retry(total=10, connect=2, read=0, status=THROTTLED_TRIES, status_forcelist=(429,),
+                                allowed_methods=None, respect_retry_after_header=True, backoff_factor=0.2,
+                                raise_on_status=False)
     # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 64)
     api = k8s.ApiClient(cfg)
