@@ -224,6 +224,44 @@ def test_run_shows_long_steps_pulls_and_the_time_left(embedded, tmp_path):
     assert "Traceback" not in out
 
 
+PAUSED = '''
+import os
+import signal
+import threading
+
+
+def test_a_request_the_api_server_does_not_answer(target, run, request):
+    progress = request.config.pluginmanager.get_plugin("gpuproof-progress")
+    pid = int(os.environ["APISERVER_PID"])
+    os.kill(pid, signal.SIGSTOP)                      # frozen, as in issue #41; it answers again 2 s later
+    threading.Timer(2.0, os.kill, (pid, signal.SIGCONT)).start()
+    try:
+        target.cluster.core.list_namespace(_request_timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert progress.wait_for("the API server answered GET /api/v1/namespaces", 30)
+'''
+
+
+def test_a_run_says_which_request_the_api_server_leaves_unanswered(embedded, tmp_path):
+    """The API server frozen (SIGSTOP) for 2 s while a check asks it something: a line names the request and how
+    long it has waited, then how long it took (issue #41 item 2; the run waited 30 s without a word)."""
+    (tmp_path / "test_paused.py").write_text(textwrap.dedent(PAUSED))
+    pid = json.loads(embedded.sim.state_file.read_text())["pids"]["kube-apiserver"]
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "APISERVER_PID": str(pid)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_paused.py", "-q", "-p", "no:cacheprovider",
+                           f"--rootdir={tmp_path}", f"--kubeconfig={embedded.kubeconfig}", "--no-lease",
+                           f"--report-dir={tmp_path / 'reports'}", "--gpuproof-progress-after=0.5"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + proc.stderr[-2000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("[gpuproof] ")]
+    assert any(re.fullmatch(r"\[gpuproof\] waiting for the API server: GET /api/v1/namespaces has had no answer "
+                            r"for [\d.]+s", ln) for ln in lines), "\n".join(lines)
+    assert any(re.fullmatch(r"\[gpuproof\] the API server answered GET /api/v1/namespaces after [\d.]+s", ln)
+               for ln in lines), "\n".join(lines)
+
+
 @pytest.mark.server  # tier: gpuproof's CLI as a process
 def test_run_hands_progress_after_to_pytest_and_refuses_a_negative_one(tmp_path):
     from gpuproof.cli.main import build_parser

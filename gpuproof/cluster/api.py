@@ -22,7 +22,9 @@ never starts, and saying so beats waiting out the deadline.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable
 
 import urllib3
@@ -75,6 +77,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None, check: bo
     # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 64)
     api = k8s.ApiClient(cfg)
+    InFlight.attach(api)
     name = context or _current_context(kubeconfig)
     cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
     if check:
@@ -87,6 +90,51 @@ def _current_context(kubeconfig: str | None) -> str:
         _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         return active["name"]
     return "default"
+
+
+class InFlight:
+    """The requests of one API client that have not had an answer yet (a watch: until its response starts), so that
+    a run can say what it waits for when the API server stops answering (issue #41)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next = 0
+        self.open: dict[int, tuple[str, str, float]] = {}     # id -> (method, path, since)
+
+    @classmethod
+    def attach(cls, api: k8s.ApiClient) -> "InFlight":
+        found = getattr(api, "gpuproof_inflight", None)
+        if found is not None:
+            return found
+        inflight = cls()
+        rest = api.rest_client
+        send = rest.request
+
+        def request(method, url, *args, **kwargs):
+            key = inflight._begin(method, url)
+            try:
+                return send(method, url, *args, **kwargs)
+            finally:
+                inflight._end(key)
+
+        rest.request = request
+        api.gpuproof_inflight = inflight
+        return inflight
+
+    def _begin(self, method: str, url: str) -> int:
+        path = urllib.parse.urlsplit(url).path or url
+        with self._lock:
+            self._next += 1
+            self.open[self._next] = (method, path, time.monotonic())
+            return self._next
+
+    def _end(self, key: int) -> None:
+        with self._lock:
+            self.open.pop(key, None)
+
+    def waiting(self) -> dict[int, tuple[str, str, float]]:
+        with self._lock:
+            return dict(self.open)
 
 
 class Cluster:

@@ -11,7 +11,9 @@ fixtures, and only about steps that last longer than ``--gpuproof-progress-after
   (``ContainerCreating``, ``ImagePullBackOff``, ...); a workload pod still running; how a
   reported wait ended;
 - image pulls, from the kubelet's events: still pulling, pulled (duration and size),
-  failing (``ErrImagePull``/``BackOff``, once each).
+  failing (``ErrImagePull``/``BackOff``, once each);
+- a request the API server has not answered (a frozen or overloaded control plane): its method and
+  path and how long, then how long it took once answered (``gpuproof.cluster.api.InFlight``).
 
 The estimate: checks done / total and the time left, from the time each check took in this
 run, refined by the durations of the same checks in earlier runs against the same target
@@ -119,6 +121,7 @@ class Progress:
         self._last_eta = time.monotonic()
         self._current: str | None = None
         self._current_since = 0.0
+        self._api_reported: dict[int, tuple[str, str, float]] = {}   # API requests reported as unanswered
 
     # -- writing
 
@@ -294,6 +297,27 @@ class Progress:
                 self.say(line)
             for line in self.board.tick(now):
                 self.say(line)
+            self._api_waits(now)
+
+    def _api_waits(self, now: float) -> None:
+        """A request the API server has not answered for --progress-after seconds: what it is and how long (at
+        doubling intervals), and how long it took once answered."""
+        from .target import started_target
+
+        t = started_target(self.config)
+        inflight = getattr(getattr(getattr(t, "cluster", None), "api", None), "gpuproof_inflight", None)
+        if inflight is None:
+            return
+        waiting = inflight.waiting()
+        for key, (method, path, since) in waiting.items():
+            if self.schedule.due(("api", key), now - since):
+                self.say(f"waiting for the API server: {method} {path} has had no answer for "
+                         f"{fmt_duration(now - since)}")
+        for key in [k for k in self._api_reported if k not in waiting]:
+            method, path, since = self._api_reported.pop(key)
+            self.schedule.forget(("api", key))
+            self.say(f"the API server answered {method} {path} after {fmt_duration(now - since)}")
+        self._api_reported.update({k: v for k, v in waiting.items() if self.schedule.reported(("api", k))})
 
     def _follow_run(self) -> None:
         """Once the run namespace exists, watch its pods and events (once)."""
