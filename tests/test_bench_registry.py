@@ -213,3 +213,20 @@ def test_the_documented_rules_judge_metrics_the_benchmarks_write():
         hits = [r for r in recs if rule.matches(r.benchmark, r.metric, json.dumps(r.parameters, sort_keys=True,
                                                                                   default=str))]
         assert hits, f"rule {rule.metric!r} of reports/README.md judges no metric the benchmarks write"
+
+
+def test_each_benchmark_takes_its_own_options_and_writes_its_own_line():
+    """What differs per benchmark lives in its class (issue #40): `gpuproof bench` asks each registered benchmark
+    which of its options it takes and for its headline; every parameter it takes is one it knows."""
+    from gpuproof.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--local", "all", "--sizes", "256", "--threads", "2"])
+    for name in names():
+        bench = get(name)
+        taken = bench.cli_params(args)
+        assert taken["threads"] == 2, name
+        unknown = set(taken) - set(bench.defaults) - set(bench.flags)
+        assert not unknown, f"{name} takes options it has no parameter for: {unknown}"
+        assert isinstance(bench.headline({}), str), name
+    assert get("matmul").cli_params(args)["sizes"] == "256"
+    assert get("matmul").headline(MATMUL_RESULT) == "bf16 8192: 785 TFLOPS (79% of peak)"

@@ -178,6 +178,15 @@ class Benchmark:
     def workload_args(self, params: dict) -> list[str]:
         return flag_args(params, self.flags)
 
+    # -- `gpuproof bench --local`: what of its command line a benchmark takes, and the line it prints
+    def cli_params(self, args) -> dict:
+        """The parameters this benchmark takes from ``gpuproof bench``'s options (None: its default)."""
+        return {"threads": args.threads}
+
+    def headline(self, result: dict) -> str:
+        """One line of the result, printed after the benchmark ran on this host."""
+        return ""
+
     # -- local
     def run_local(self, params: dict, echo: bool = False) -> dict:
         with tempfile.TemporaryDirectory(prefix=f"gpuproof-{self.name}-") as tmp:

@@ -35,6 +35,10 @@ class Probe(Benchmark):
     flags = {"device": "--device", "expect_gpus": "--expect-gpus", "threads": "--threads"}
     timeout_s = 600
 
+    def headline(self, result: dict) -> str:
+        return (f"torch {result.get('torch')}, {len(result.get('torch_devices') or [])} CUDA device(s), "
+                f"driver {result.get('driver_version')}, kernel check {'ok' if result.get('ok') else 'FAILED'}")
+
     def run_local(self, params: dict, echo: bool = False) -> dict:
         from .base import run_workload
 
@@ -75,6 +79,15 @@ class Matmul(Benchmark):
     flags = {"device": "--device", "dtypes": "--dtypes", "sizes": "--sizes", "iters": "--iters",
              "warmup": "--warmup", "check_size": "--check-size", "sample_hz": "--sample-hz", "threads": "--threads"}
     timeout_s = 3600
+
+    def cli_params(self, args) -> dict:
+        return {"sample_hz": args.sample_hz, "threads": args.threads, "sizes": args.matmul_sizes or args.sizes,
+                "dtypes": args.dtypes, "iters": args.iters}
+
+    def headline(self, result: dict) -> str:
+        return "; ".join(f"{r['dtype']} {r['m']}: {r['tflops']:.3g} TFLOPS"
+                         + (f" ({r['ratio_to_peak']:.0%} of peak)" if r.get("ratio_to_peak") else "")
+                         for r in result.get("results") or [])
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
@@ -119,6 +132,16 @@ class AllReduce(Benchmark):
              "sample_hz": "--sample-hz", "threads": "--threads", "straggler_pct": "--straggler-pct",
              "node_bytes": "--node-bytes", "ranks_per_node": "--ranks-per-node"}
     timeout_s = 3600
+
+    def cli_params(self, args) -> dict:
+        return {"sample_hz": args.sample_hz, "threads": args.threads, "sizes": args.allreduce_sizes or args.sizes,
+                "min_bytes": args.min_bytes, "max_bytes": args.max_bytes, "iters": args.iters, "nproc": args.nproc}
+
+    def headline(self, result: dict) -> str:
+        if result.get("no_bandwidth_reason"):
+            return f"world size {result.get('world_size')}: no bandwidth ({result['no_bandwidth_reason']})"
+        return (f"world size {result.get('world_size')}, avg busbw {result.get('avg_busbw_gbps') or 0:.3g} GB/s, "
+                f"#wrong {result.get('wrong_total')}")
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
@@ -229,6 +252,28 @@ class Inference(Benchmark):
                   "workers": "--workers", "target_rps": "--target-rps", "headroom": "--headroom",
                   "max_workers": "--max-workers", "calibrate_s": "--calibrate-s", "per_core_rps": "--per-core-rps"}
     timeout_s = 3600
+
+    def cli_params(self, args) -> dict:
+        return {"sample_hz": args.sample_hz, "threads": args.threads, "rates": args.rates, "step_s": args.step_s,
+                "url": args.url, "model": args.model, "input_tokens": args.input_tokens,
+                "output_tokens": args.output_tokens, "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+                "users": args.users}
+
+    def headline(self, result: dict) -> str:
+        load = result.get("load") or {}
+        cap = load.get("at_capacity") or {}
+        srv = cap.get("server") or {}
+        head = (f"capacity {load.get('capacity_rps')} req/s, bound by {load.get('bound_by')} "
+                f"({load.get('bound_reason')})")
+        if load.get("capacity_rps") is not None:
+            head += (f"; at capacity TTFT p99 {cap.get('ttft_p99_ms') or 0:.0f} ms, TPOT p99 "
+                     f"{cap.get('tpot_p99_ms') or 0:.1f} ms, {cap.get('output_tokens_per_s') or 0:.0f} output tokens/s")
+            if srv.get("overhead_fraction") is not None:
+                head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
+                         f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
+        if result.get("server_error"):
+            head += f"; {result['server_error']}"
+        return head
     ready_timeout_s = 600.0
 
     def workload_args(self, params: dict) -> list[str]:

@@ -69,6 +69,9 @@ class Census(NodeBenchmark):
              "threads": "--threads"}
     timeout_s = 900
 
+    def headline(self, result: dict) -> str:
+        return headline(result)
+
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
         recs = []

@@ -27,6 +27,11 @@ class Hbm(Benchmark):
              "warmup": "--warmup", "product": "--product", "sample_hz": "--sample-hz", "threads": "--threads"}
     timeout_s = 1800
 
+    def headline(self, result: dict) -> str:
+        return "; ".join(f"{r['kernel']} {r['gbps']:.4g} GB/s"
+                         + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")
+                         for r in result.get("results") or [])
+
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
         dev = {"device": result.get("device"), "device_name": result.get("device_name"),

@@ -45,6 +45,9 @@ class Health(NodeBenchmark):
              "threads": "--threads"}
     timeout_s = 1800
 
+    def headline(self, result: dict) -> str:
+        return headline(result)
+
     def workload_args(self, params: dict) -> list[str]:
         args = flag_args(params, self.flags)
         for key, value in sorted((params.get("thresholds") or {}).items()):

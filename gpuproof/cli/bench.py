@@ -91,70 +91,12 @@ def register(sub) -> None:
     p.set_defaults(func=_bench)
 
 
-def _params(name: str, args) -> dict:
-    sizes = args.sizes
-    common = {"sample_hz": args.sample_hz, "threads": args.threads}
-    if name == "matmul":
-        return {**common, "sizes": args.matmul_sizes or sizes, "dtypes": args.dtypes, "iters": args.iters}
-    if name == "allreduce":
-        return {**common, "sizes": args.allreduce_sizes or sizes, "min_bytes": args.min_bytes,
-                "max_bytes": args.max_bytes, "iters": args.iters, "nproc": args.nproc}
-    if name == "inference":
-        return {**common, "rates": args.rates, "step_s": args.step_s, "url": args.url, "model": args.model,
-                "input_tokens": args.input_tokens, "output_tokens": args.output_tokens,
-                "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms, "users": args.users}
-    return {"threads": args.threads}
-
-
 def _device(choice: str) -> str:
     if choice != "auto":
         return choice
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _headline(name: str, result: dict) -> str:
-    if name == "probe":
-        return (f"torch {result.get('torch')}, {len(result.get('torch_devices') or [])} CUDA device(s), "
-                f"driver {result.get('driver_version')}, kernel check {'ok' if result.get('ok') else 'FAILED'}")
-    if name == "matmul":
-        return "; ".join(f"{r['dtype']} {r['m']}: {r['tflops']:.3g} TFLOPS"
-                         + (f" ({r['ratio_to_peak']:.0%} of peak)" if r.get("ratio_to_peak") else "")
-                         for r in result.get("results") or [])
-    if name == "allreduce":
-        if result.get("no_bandwidth_reason"):
-            return f"world size {result.get('world_size')}: no bandwidth ({result['no_bandwidth_reason']})"
-        return (f"world size {result.get('world_size')}, avg busbw {result.get('avg_busbw_gbps') or 0:.3g} GB/s, "
-                f"#wrong {result.get('wrong_total')}")
-    if name == "hbm":
-        return "; ".join(f"{r['kernel']} {r['gbps']:.4g} GB/s"
-                         + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")
-                         for r in result.get("results") or [])
-    if name == "health":
-        from ..bench.health import headline
-
-        return headline(result)
-    if name == "census":
-        from ..bench.census import headline as census_headline
-
-        return census_headline(result)
-    if name == "inference":
-        load = result.get("load") or {}
-        cap = load.get("at_capacity") or {}
-        srv = cap.get("server") or {}
-        head = (f"capacity {load.get('capacity_rps')} req/s, bound by {load.get('bound_by')} "
-                f"({load.get('bound_reason')})")
-        if load.get("capacity_rps") is not None:
-            head += (f"; at capacity TTFT p99 {cap.get('ttft_p99_ms') or 0:.0f} ms, TPOT p99 "
-                     f"{cap.get('tpot_p99_ms') or 0:.1f} ms, {cap.get('output_tokens_per_s') or 0:.0f} output tokens/s")
-            if srv.get("overhead_fraction") is not None:
-                head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
-                         f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
-        if result.get("server_error"):
-            head += f"; {result['server_error']}"
-        return head
-    return ""
 
 
 def _dcgm(args, run_dir, name: str, start: float, end: float) -> None:
@@ -202,7 +144,7 @@ def _bench(args) -> int:
         t0 = time.time()
         from ..bench import get
 
-        params = get(name).params(_params(name, args), device=device)
+        params = get(name).params(get(name).cli_params(args), device=device)
         if name == "allreduce" and device == "cuda" and args.nproc is None:
             import torch
 
@@ -223,7 +165,7 @@ def _bench(args) -> int:
         if not ok:
             failed.append(name)
         print(f"  {name}: {'ok' if ok else 'FAILED'} in {time.time() - t0:.1f}s, {len(records)} records. "
-              f"{_headline(name, result)}", flush=True)
+              f"{get(name).headline(result)}", flush=True)
     if notes:
         print(f"  utilization not sampled: {next(iter(notes.values()))}", flush=True)
     run_dir.meta.extra = {"device": device, "benchmarks": todo, "failed": failed, "utilization_notes": notes}
