@@ -28,3 +28,8 @@ class WaitTimeout(GpuproofError, TimeoutError):
     """A watch-based wait ran past its deadline. The message says what it waited for."""
 
     exit_code = 3
+
+
+class ApiUnreachable(WaitTimeout):
+    """The API server did not answer until a wait's deadline: what the wait was observing was cut, so the check
+    that waited is not judged (a skip naming the wait), never passed or failed."""

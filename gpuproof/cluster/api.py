@@ -35,7 +35,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from ..errors import ClusterError, WaitTimeout
+from ..errors import ApiUnreachable, ClusterError, WaitTimeout
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
@@ -429,6 +429,20 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
     cache: dict[str, Any] = {}
 
     def relist() -> str:
+        # a list is an idempotent read: an API server restarting (connection refused, reset) is asked again, with
+        # back-off, until the wait's own deadline, which then names it
+        delay = 0.2
+        while True:
+            try:
+                return relist_once()
+            except (urllib3.exceptions.MaxRetryError, urllib3.exceptions.ProtocolError, ConnectionError) as exc:
+                if time.monotonic() + delay > deadline:
+                    raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what}: the API server did not "
+                                      f"answer ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+                time.sleep(delay)          # the API server is down: nothing to watch; back off, within the deadline
+                delay = min(delay * 2, 5.0)
+
+    def relist_once() -> str:
         cache.clear()
         resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout)))
         if isinstance(resp, dict):
@@ -479,8 +493,9 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                 rv = relist()
                 continue
             raise
-        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
-            rv = relist()
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError,
+                urllib3.exceptions.MaxRetryError, ConnectionError):
+            rv = relist()              # the watch was cut (an API server restarting): list again, then watch on
         finally:
             w.stop()
 
