@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -25,7 +26,12 @@ def register(sub) -> None:
         epilog="examples:\n  gpuproof run\n  gpuproof run --fleet minimal\n"
                "  gpuproof run --kubeconfig ~/.kube/config --context gpu-prod --bench\n"
                "  gpuproof run --kubeconfig ~/.kube/config --context gpu-prod --dry-run\n"
-               "  gpuproof run -k taints -- -x",
+               "  gpuproof run -k taints -- -x\n\n"
+               "exit codes: 0 every check passed (or skipped, saying why); 1 a check failed;\n"
+               "  2 bad input, or the run was interrupted (Ctrl-C, SIGTERM: what it created is deleted);\n"
+               "  75 the cluster stopped answering: the run was cut short, its report holds what was judged\n"
+               "     (checks cut by it are skipped as 'not judged'), `gpuproof clean` removes what it left;\n"
+               "  70 a bug in gpuproof",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_target_options(p)
     p.add_argument("--report-dir", default="reports", help="parent folder of run folders (default: reports)")
@@ -122,6 +128,9 @@ def _run(args) -> int:
     run_id = args.run_id or new_run_id()
     code = int(pytest.main(pytest_argv(args, run_id)))
     run_path = Path(args.report_dir) / run_id
+    from ..plugin.target import CUT_SHORT_EXIT
+
+    cut = _cut_short(run_path)
     if run_path.exists():
         try:
             from ..report import write_all
@@ -135,4 +144,21 @@ def _run(args) -> int:
                       f"(checks.jsonl, metrics.jsonl and junit.xml are there; `gpuproof report html {run_path}` "
                       "tries again)", file=sys.stderr)
         print(f"\ngpuproof: run {run_id} -> {run_path}/", file=sys.stderr)
+    if cut:
+        print(f"gpuproof: run {run_id} cut short: {cut}; its report holds what was judged before; once the cluster "
+              f"answers, `gpuproof clean` removes what the run left (exit {CUT_SHORT_EXIT})", file=sys.stderr)
+        return CUT_SHORT_EXIT
     return code
+
+
+def _cut_short(run_path: Path) -> str:
+    """What cut the run short, from its run.json ('' for a run that ended as it should)."""
+    import json
+
+    from ..plugin.target import CUT_SHORT
+
+    with contextlib.suppress(OSError, ValueError):
+        outcome = str(json.loads((run_path / "run.json").read_text()).get("outcome") or "")
+        if CUT_SHORT in outcome:
+            return outcome.split(CUT_SHORT, 1)[1]
+    return ""

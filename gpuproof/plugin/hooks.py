@@ -151,6 +151,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A check cut by an API server that stopped answering is not judged: its report is a skip naming the wait."""
     report = yield
     if report.failed and call.excinfo is not None and call.excinfo.errisinstance(ApiUnreachable):
+        t = get_target(item.config)
+        t.cut_short = t.cut_short or f"the API server stopped answering during {item.nodeid}"
         report.outcome = "skipped"
         report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"not judged: {call.excinfo.value}")
     return report

@@ -27,11 +27,30 @@ REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 # ---------------------------------------------------------------------------- session state
 
 
+# the run's outcome (run.json) when the cluster stopped answering: gpuproof run ends with CUT_SHORT_EXIT
+CUT_SHORT = "cut short: "
+CUT_SHORT_EXIT = 75          # sysexits' EX_TEMPFAIL: a temporary failure, worth trying again once the cluster answers
+
+
+def api_gone(exc: BaseException) -> bool:
+    """An error that says the API server did not answer (refused, reset, timed out), not that it said no."""
+    import urllib3
+
+    from ..errors import ApiUnreachable
+
+    while exc is not None:
+        if isinstance(exc, (ApiUnreachable, urllib3.exceptions.HTTPError, ConnectionError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class Target:
     """The cluster a session runs against, and this session's run in it."""
 
     def __init__(self, config: pytest.Config):
         self.config = config
+        self.cut_short = ""          # what of the cluster cut the run short ('' while it answers)
         opt = config.getoption
         from .providers import choose
 
@@ -200,15 +219,20 @@ class Target:
             try:
                 self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)
             except Exception as exc:
+                if api_gone(exc):
+                    self.cut_short = self.cut_short or "the API server stopped answering during the run's cleanup"
                 self.progress(f"cleanup of run {self.run_id} incomplete: {' '.join(str(exc).split())[:300]}. "
                               f"Run `gpuproof clean` to remove what is left.")
         if self.lease is not None:
             why = self.lease.release()
             if why:
                 self.progress(f"could not release the run lease: {why}")
+                if why.startswith("the API server did not answer"):
+                    self.cut_short = self.cut_short or "the API server stopped answering at the run's end"
         if self._run_dir is not None:
             self.write_inventory()
-            self._run_dir.finalize(outcome)
+            self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{self.cut_short}" if self.cut_short
+                                   else outcome)
         if self.sim is not None:
             try:
                 self.sim.down()
