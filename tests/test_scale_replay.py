@@ -115,10 +115,10 @@ def test_the_default_run_reads_recorded_results_and_names_the_slow_node(tmp_path
     fleet.write_text(yaml.safe_dump(FLEET))
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "gpuproof", "run", "--fleet", str(fleet), "--report-dir",
-                           str(reports), "--run-id", "replay", "--parallel", "8"],
+                           str(reports), "--run-id", "r20", "--parallel", "8"],
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
-    run = reports / "replay"
+    run = reports / "r20"
     assert proc.returncode == 1, out[-3000:]
     checks = _records(run / "checks.jsonl")
     failed = [c for c in checks if c["verdict"] == "fail"]

@@ -101,7 +101,7 @@ def node_endpoint(node: dict, port: int) -> dict:
 
 
 from .fleet import REPLAY_NODE_LABEL as NODE_LABEL     # on replay nodes: where the device plugin's stand-in goes
-NAMESPACE = "gpuproof-replay"
+NAMESPACE = "nvidia-device-plugin-replay"    # not gpuproof-<run id>: a run's own namespace
 PLUGIN_APP = "nvidia-device-plugin"
 PAUSE = "registry.k8s.io/pause:3.10"
 
