@@ -268,10 +268,15 @@ def pod_name(bench: str, product: str, suffix: str = "") -> str:
 
 
 def ensure_configmap(run) -> None:
-    """Create the workloads ConfigMap in the run namespace once (an existing one is kept)."""
+    """Create the workloads ConfigMap in the run namespace once (an existing one is kept). The run remembers it:
+    the ConfigMap holds every workload file (several hundred KB), and a fan-out over 1,000 nodes sent it once per
+    pod, to hear 409 (benchmarks/SCALE.md)."""
+    if getattr(run, "_workloads_shipped", False):
+        return
     obj, err = run.try_apply(wl.configmap(labels=run.labels, namespace=run.namespace))
     if err is not None and getattr(err, "status", None) != 409:
         raise GpuproofError(f"could not create the workloads ConfigMap: HTTP {err.status}: {err.reason}")
+    run._workloads_shipped = True
 
 
 def delete_object(run, manifest: dict) -> None:

@@ -195,12 +195,10 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
     With a fan-out's ``lane`` the pods carry its label, hold ``count`` of its pod slots, are waited on through its
     shared watch, and are deleted (and gone) before this returns."""
     from ..bench import workloads
+    from ..bench.base import ensure_configmap
     from .bench_checks import image
 
-    cm = workloads.configmap(labels=run.labels, namespace=run.namespace)
-    obj, err = run.try_apply(cm)
-    if err is not None and err.status != 409:          # 409: shipped already in this run
-        raise err
+    ensure_configmap(run)                       # once per run
     names = [f"{prefix}-{node.name}-{i}"[:63] for i in range(count)]
     (resource, amount), = limits.items()
     labels = {**run.labels, **(lane.labels if lane is not None else {})}
