@@ -33,3 +33,8 @@ class WaitTimeout(GpuproofError, TimeoutError):
 class ApiUnreachable(WaitTimeout):
     """The API server did not answer until a wait's deadline: what the wait was observing was cut, so the check
     that waited is not judged (a skip naming the wait), never passed or failed."""
+
+
+def one_line(exc: BaseException, limit: int = 500) -> str:
+    """An error's message on one line (newlines and runs of blanks made one blank), at most ``limit`` characters."""
+    return " ".join(str(exc).split())[:limit]

@@ -341,6 +341,7 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     """On real GPUs: a probe pod with a one-GPU claim sees that GPU's UUID, and only it."""
     _need_dra(discovery, check, "dra-probe-uuid")
     from gpuproof.bench import workloads
+    from gpuproof.bench.base import ensure_configmap
     from gpuproof.plugin.bench_checks import image
     from gpuproof.plugin.checks import nvml_device_ids
 
@@ -350,7 +351,7 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
         check.skip("dra-probe-uuid", "no free whole GPU published through DRA on a real (not kwok) node that "
                    "takes pods")
     node = min(real)
-    run.try_apply(workloads.configmap(labels=run.labels, namespace=run.namespace))
+    ensure_configmap(run)
     run.apply(dra.claim_template("probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
     manifest = workloads.workload_pod("dra-probe", "probe.py", labels=run.labels, namespace=run.namespace, gpus=0,
                                       node=node, image=image(run))

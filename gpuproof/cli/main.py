@@ -8,7 +8,7 @@ import os
 import sys
 
 from .. import __version__
-from ..errors import GpuproofError
+from ..errors import GpuproofError, one_line
 
 # Each module named here has register(subparsers) adding its commands; each command
 # sets func=callable(args) -> int. Modules are imported lazily so --help stays fast.
@@ -94,13 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:              # a bug: one line, the traceback on request
         if os.environ.get("GPUPROOF_DEBUG"):
             raise
-        print(f"gpuproof: internal error: {type(exc).__name__}: {_one_line(exc)} "
+        print(f"gpuproof: internal error: {type(exc).__name__}: {one_line(exc)} "
               "(GPUPROOF_DEBUG=1 shows the traceback; please report it)", file=sys.stderr)
         return 70
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:500]
 
 
 if __name__ == "__main__":

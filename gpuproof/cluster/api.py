@@ -35,7 +35,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from ..errors import ApiUnreachable, ClusterError, WaitTimeout
+from ..errors import ApiUnreachable, ClusterError, WaitTimeout, one_line
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
@@ -438,7 +438,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
             except (urllib3.exceptions.MaxRetryError, urllib3.exceptions.ProtocolError, ConnectionError) as exc:
                 if time.monotonic() + delay > deadline:
                     raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what}: the API server did not "
-                                      f"answer ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+                                      f"answer ({type(exc).__name__}: {one_line(exc, 200)})") from None
                 time.sleep(delay)          # the API server is down: nothing to watch; back off, within the deadline
                 delay = min(delay * 2, 5.0)
 

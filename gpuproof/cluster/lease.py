@@ -63,6 +63,9 @@ def describe(lease) -> str:
     return f"gpuproof run {spec.holder_identity} (started by {who} at {since})"
 
 
+# how release() begins its line when the API server did not answer (the run is then cut short, plugin/target.py)
+NO_ANSWER = "the API server did not answer"
+
 class RunLease:
     """The run lease of one run: acquire() before creating anything, release() at the end."""
 
@@ -169,7 +172,7 @@ class RunLease:
             if exc.status not in (404, 409):         # gone already, or taken over
                 return f"the API server refused to delete the run lease ({exc.status} {exc.reason})"
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            return (f"the API server did not answer ({type(exc).__name__}): the run lease {self.namespace}/{NAME} "
+            return (f"{NO_ANSWER} ({type(exc).__name__}): the run lease {self.namespace}/{NAME} "
                     f"expires by itself in {self.duration_s:.0f} s")
         return ""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..errors import GpuproofError
+from ..errors import GpuproofError, one_line
 from ..results import RunDir, new_run_id
 
 REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
@@ -221,13 +221,15 @@ class Target:
             except Exception as exc:
                 if api_gone(exc):
                     self.cut_short = self.cut_short or "the API server stopped answering during the run's cleanup"
-                self.progress(f"cleanup of run {self.run_id} incomplete: {' '.join(str(exc).split())[:300]}. "
+                self.progress(f"cleanup of run {self.run_id} incomplete: {one_line(exc, 300)}. "
                               f"Run `gpuproof clean` to remove what is left.")
         if self.lease is not None:
             why = self.lease.release()
             if why:
                 self.progress(f"could not release the run lease: {why}")
-                if why.startswith("the API server did not answer"):
+                from ..cluster.lease import NO_ANSWER
+
+                if why.startswith(NO_ANSWER):
                     self.cut_short = self.cut_short or "the API server stopped answering at the run's end"
         if self._run_dir is not None:
             self.write_inventory()
