@@ -312,6 +312,50 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: bool(item.get_closest_marker("speed")))
 
 
+class XdistGroups:
+    """The groups of `--dist loadgroup` holding under pytest 9.2. pytest-xdist 3.8 names a test's group by appending
+    it to the test's id in its worker (`item._nodeid = "<id>@<group>"`), which its controller splits to schedule the
+    group on one worker; pytest 9.2 keeps the id in `item._id` and no longer reads `_nodeid`, so no test had a group
+    and kubelet tests ran beside each other. Here the id xdist meant is the id pytest reads (after xdist's hook).
+    In the controller: every group's tests must have run in one worker, or the session fails naming the group."""
+
+    def __init__(self):
+        self.workers: dict[str, set[str]] = {}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        meant = [(item, item.__dict__.pop("_nodeid")) for item in items if "_nodeid" in item.__dict__]
+        if not meant or all(item.nodeid == nodeid for item, nodeid in meant):
+            return
+        from _pytest.nodeid import coerce_node_id     # pytest >= 9.2: where a node's id is kept
+        for item, nodeid in meant:
+            item._id = coerce_node_id(nodeid)
+
+    def pytest_runtest_logreport(self, report):
+        node = getattr(report, "node", None)          # the worker that ran it (in the controller only)
+        head, at, group = report.nodeid.rpartition("@")
+        if node is not None and at and "]" not in group and report.when == "call":
+            self.workers.setdefault(group, set()).add(node.gateway.id)
+
+    def split(self) -> list[str]:
+        return [f"tests/conftest.py: the xdist group {group!r} ran in {len(ids)} workers ({', '.join(sorted(ids))}), "
+                f"not one: its tests compete for what they judge" for group, ids in sorted(self.workers.items())
+                if len(ids) > 1]
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session):
+        if lines := self.split():
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            for line in lines:
+                if reporter is not None:
+                    reporter.write_line(line, red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(XdistGroups(), "gpuproof-xdist-groups")
+
+
 # ---- the unit tier's guard
 
 

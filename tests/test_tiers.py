@@ -224,3 +224,59 @@ def test_workers_make_a_module_fixture_once_and_take_kubelet_tests_in_one_queue(
     assert groups["test_takes_a_fixture_built_on_the_cluster"] == "test_tiers_inner.py"
     assert groups["test_pure"] == groups["test_takes_the_cluster"] == groups["test_collected_after_it"] == "-"
     assert items[-1] == ("test_compares_speeds", "-"), items
+
+
+XDIST_PROJECT = '''
+import pytest
+
+
+@pytest.fixture(scope="module")
+def made_once():
+    return object()
+''' + "".join(f'''
+
+@pytest.mark.kubelet
+def test_kubelet_{n}():
+    pass
+
+
+def test_anywhere_{n}():
+    pass
+
+
+def test_shares_{n}(made_once):
+    pass
+''' for n in range(6))
+
+
+@pytest.mark.server  # tier: the project runs in pytest-xdist workers, which are processes
+def test_a_group_runs_in_one_worker_under_xdist(project):
+    """The groups hold in a real `-n 2 --dist loadgroup` run: each one's tests all ran in one worker (the ones of
+    pytest-xdist 3.8 did not under pytest 9.2 until tests/conftest.py's XdistGroups), and the rest went to both."""
+    project.makepyfile(test_tiers_inner=XDIST_PROJECT)
+    result = project.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p", "no:randomly")
+    result.assert_outcomes(passed=18)
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED .*::(test_\w+?)_\d(@\S+)?\s*$", result.stdout.str(), re.M)
+    workers = {}
+    for worker, test, group in ran:
+        workers.setdefault(test, set()).add(worker)
+    assert {test: len(ids) for test, ids in workers.items()} == {"test_kubelet": 1, "test_shares": 1,
+                                                                  "test_anywhere": 2}, ran
+    assert "ran in 2 workers" not in result.stdout.str()
+
+
+def test_a_group_split_over_workers_fails_the_session(tiering):
+    """Should pytest-xdist ever scatter a group again, the controller says so and the session fails."""
+    groups = tiering.XdistGroups()
+
+    class Report:
+        when = "call"
+
+        def __init__(self, nodeid, worker):
+            self.nodeid, self.node = nodeid, type("Node", (), {"gateway": type("Gw", (), {"id": worker})})
+
+    for nodeid, worker in [("t.py::a@kubelet", "gw0"), ("t.py::b@kubelet", "gw1"), ("t.py::c[x@y]", "gw1"),
+                           ("t.py::d@t.py", "gw2"), ("t.py::e@t.py", "gw2")]:
+        groups.pytest_runtest_logreport(Report(nodeid, worker))
+    assert groups.split() == ["tests/conftest.py: the xdist group 'kubelet' ran in 2 workers (gw0, gw1), not one: "
+                              "its tests compete for what they judge"]
