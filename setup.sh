@@ -46,6 +46,20 @@ if [ "$with_browser" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
 
+# ---- Prometheus (issue #39): Debian's prometheus 2.42, which tests/test_monitoring_prometheus.py starts to scrape
+# recorded DCGM exporter outputs. As root with apt-get only, like the kubelet nodes' packages below; without it those
+# tests skip (GPUPROOF_REQUIRE_TOOLS=1 fails them). The package enables a system service: the tests start their own
+# Prometheus, so one the install started under systemd is stopped and disabled again.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v prometheus >/dev/null 2>&1; then
+  echo "[setup] installing prometheus (Debian package) for the monitoring tests"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
+fi
+# ---- end of Prometheus -------------------------------------------------------------------------------
+
 echo "[setup] control plane (first build takes 10-15 minutes on 2 cores, then it is cached)"
 .venv/bin/gpuproof sim build
 

@@ -29,6 +29,7 @@ NO_DRA = r"no node publishes gpu\.nvidia\.com devices \(NVIDIA's DRA driver is n
 NO_KIND = r"no GPU node of the kind this check is for \(.+\)"
 NO_POOLS = r"no GPU pools in the cluster"
 NO_MIXED_MIG = r"no node advertises MIG resources \(mixed strategy\)"
+NO_EXPORTER = r"no DCGM exporter in the cluster: .+ \(the embedded cluster runs no DCGM\)"
 NOT_GFD = (r"labelled by (gke|karpenter|instance-type), not GPU Feature Discovery: GFD's labels are not expected "
            r"\(product from .+, count from .+\)")
 NO_GFD_PEERS = (r"labelled by (gke|karpenter|instance-type): no node of pool \S+ carries GPU Feature Discovery's "
@@ -79,7 +80,7 @@ MIXED = Healthy(frozenset(_MIXED_PASS.split()), {
     **{check: NO_DRA for check in DRA_SKIPPING}, "suites/test_dra.py": either(NO_DRA, REAL_GPUS, NO_KIND),
     "suites/test_health.py": REAL_GPUS, "suites/test_mig.py": REAL_GPUS, "suites/test_timeslicing.py": REAL_GPUS,
     "suites/test_topology.py": REAL_GPUS, "suites/test_stack.py": NO_KIND, "suites/test_plausibility.py": NO_KIND,
-    "suites/test_census.py": REAL_GPUS})
+    "suites/test_census.py": REAL_GPUS, "suites/test_monitoring.py": NO_EXPORTER})
 
 # other people's pods on the GPU nodes (tests/test_concurrency.py): capacity checks may skip, saying why
 MIXED_UNDER_CHURN = Healthy(MIXED.must_pass - PLACEMENT, {
@@ -109,7 +110,8 @@ MANAGED = Healthy(frozenset("""
     "suites/test_labels.py": either(NOT_GFD, NO_GFD_PEERS),
     "mig-placement": NO_MIXED_MIG, "suites/test_mig.py": either(NO_KIND, NO_MIXED_MIG, REAL_GPUS),
     "suites/test_health.py": REAL_GPUS, "suites/test_plausibility.py": NO_KIND, "suites/test_timeslicing.py": REAL_GPUS,
-    "suites/test_topology.py": either(REAL_GPUS, NO_KIND), "suites/test_census.py": REAL_GPUS})
+    "suites/test_topology.py": either(REAL_GPUS, NO_KIND), "suites/test_census.py": REAL_GPUS,
+    "suites/test_monitoring.py": NO_EXPORTER})
 
 DRA_CHECKS = frozenset("""
     dra-deviceclass dra-deviceclass-selector dra-device-count dra-attributes dra-unique dra-claim-allocated

@@ -28,6 +28,8 @@ BUILT = {
     ("test_mig.py", "name"): {"one-mig-device-per-pod", "mig-devices-distinct"},     # suite.mig_device_checks
     ("test_census.py", "v.check"): {"census-result", "census-matmul-pool", "census-matmul-datasheet",   # census.CHECKS
                                     "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
+    ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
+                                        "dcgm-host-label"},                           # monitoring.CHECKS
 }
 
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
@@ -68,6 +70,7 @@ def fault_tables() -> dict[str, dict]:
     import test_census_checks
     import test_dra
     import test_kubelet_faults
+    import test_monitoring
     import test_real_gpu_checks
     import test_real_shapes
     import test_suite_faults
@@ -88,6 +91,7 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_topology.py::test_a_fragmented_set_fails_naming_node_expected_actual": test_topology.FAULTS,
         "tests/test_kubelet_faults.py::test_the_node_fault_fails_its_check_and_the_healthy_node_passes":
             test_kubelet_faults.FAULTS,
+        "tests/test_monitoring.py::test_monitoring_check_fails_on_its_fault": test_monitoring.FAULTS,
     }
 
 

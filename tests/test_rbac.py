@@ -40,7 +40,8 @@ RUN_NEEDS = rbac.run_needs(bench=False)
 # Rules a run on the embedded cluster cannot use: its GPU nodes are simulated, so no probe pod reads a GPU
 # (the probe's ConfigMap and pod logs), and the benchmarks skip there.
 UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs only",
-                      ("pods/log", "get"): "probe and benchmark results are read on real GPUs only"}
+                      ("pods/log", "get"): "probe and benchmark results are read on real GPUs only",
+                      ("pods/proxy", "get"): "the DCGM exporter's /metrics is read where one runs (not embedded)"}
 
 
 def _rule(resource: str, verbs: str) -> rbac.Rule:

@@ -1,0 +1,175 @@
+"""GPU monitoring: every GPU node's DCGM exporter is Ready and publishes each of its GPUs (issue #39).
+
+- The exporter is the DaemonSet of the GPU operator (``nvidia-dcgm-exporter``), of the standalone chart
+  (``dcgm-exporter``, ``<release>-dcgm-exporter``), or any DaemonSet whose pods run the ``dcgm-exporter`` image or
+  serve port 9400. A cluster without one skips the whole suite, saying so (never a pass); so does the embedded
+  cluster, which runs no DCGM.
+- Per GPU node: a Ready exporter pod on the node (``dcgm-exporter-ready``; a node without one fails by name); its
+  ``/metrics`` read through the API server's pod proxy (``pods/proxy``: no port-forward, nothing to open;
+  ``dcgm-metrics-read``), judged by ``gpuproof/discovery/monitoring.py``: it parses strictly, every GPU (by UUID
+  where DRA's ResourceSlices name them, else by count) has a utilization and a framebuffer series (MIG GPUs: a
+  profiling series per instance), and the host label equals the node name. Every failure names the node, the GPU
+  (index and UUID), the expected and the actual.
+- The exporter's image, name set, host label spelling and the releases they fit are recorded per node
+  (``dcgm-exporter-version``).
+
+Every node's exporter is read at once (the fan-out; reads hold no pod slot). Permissions: ``apps/daemonsets`` list,
+``pods`` list, ``pods/proxy`` get.
+"""
+
+import dataclasses
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from gpuproof.discovery import monitoring
+
+FEATURE = "monitoring"
+PORT = 9400
+NAMES = ("nvidia-dcgm-exporter", "dcgm-exporter")
+IMAGE = "dcgm-exporter"
+READ_TIMEOUT_S = 30.0
+NONE_FOUND = (f"no DCGM exporter in the cluster: no DaemonSet named {' or '.join(NAMES)} (or <release>-dcgm-exporter), "
+              f"labelled so, running the {IMAGE} image or serving port {PORT} (the embedded cluster runs no DCGM)")
+
+
+def is_exporter(ds) -> bool:
+    """A DaemonSet of NVIDIA's DCGM exporter: by name, by label, by image, or by its port."""
+    meta = ds.metadata
+    labels = meta.labels or {}
+    if meta.name in NAMES or meta.name.endswith("-dcgm-exporter"):
+        return True
+    if labels.get("app") in NAMES or labels.get("app.kubernetes.io/name") == IMAGE:
+        return True
+    return any(IMAGE in (c.image or "") or any(p.container_port == PORT for p in (c.ports or []))
+               for c in ds.spec.template.spec.containers or [])
+
+
+@dataclasses.dataclass
+class Exporter:
+    daemonset: object
+    pod: object
+    port: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
+
+    @property
+    def image(self) -> str:
+        return ",".join(sorted({c.image for c in self.pod.spec.containers if IMAGE in (c.image or "")}) or
+                        sorted({c.image for c in self.pod.spec.containers}))
+
+
+@dataclasses.dataclass
+class Exporters:
+    daemonsets: list
+    on_node: dict           # node name -> [Exporter], Ready ones first
+
+    def describe(self) -> str:
+        return ", ".join(f"{d.metadata.namespace}/{d.metadata.name} (desired {d.status.desired_number_scheduled}, "
+                         f"ready {d.status.number_ready})" for d in self.daemonsets)
+
+
+def ready(pod) -> bool:
+    return pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True"
+                                                 for c in (pod.status.conditions or []))
+
+
+def _port(ds) -> int:
+    for c in ds.spec.template.spec.containers or []:
+        for p in c.ports or []:
+            if p.container_port == PORT or p.name == "metrics":
+                return p.container_port
+    return PORT
+
+
+def find_exporters(cluster) -> Exporters:
+    try:
+        daemonsets = [d for d in cluster.apps.list_daemon_set_for_all_namespaces().items if is_exporter(d)]
+    except ApiException as exc:
+        pytest.fail(f"listing DaemonSets to find the DCGM exporter: HTTP {exc.status} {exc.reason} (the monitoring "
+                    "suite needs list on apps/daemonsets: deploy/rbac.yaml)", pytrace=False)
+    on_node: dict[str, list] = {}
+    for ds in daemonsets:
+        selector = ",".join(f"{k}={v}" for k, v in sorted((ds.spec.selector.match_labels or {}).items()))
+        for pod in cluster.core.list_namespaced_pod(ds.metadata.namespace, label_selector=selector).items:
+            if pod.spec.node_name:
+                on_node.setdefault(pod.spec.node_name, []).append(Exporter(ds, pod, _port(ds)))
+    for found in on_node.values():
+        found.sort(key=lambda e: not ready(e.pod))
+    return Exporters(daemonsets, on_node)
+
+
+def require_exporters(cluster) -> Exporters:
+    """The exporters, or a skip of the whole suite saying none was found."""
+    found = find_exporters(cluster)
+    if not found.daemonsets:
+        pytest.skip(NONE_FOUND)
+    return found
+
+
+@pytest.fixture(scope="module")
+def exporters(target):
+    return require_exporters(target.cluster)
+
+
+def read_metrics(cluster, exporter: Exporter) -> dict:
+    """The exporter pod's /metrics through the API server's pod proxy: {"text"} or {"error"}."""
+    pod = exporter.pod.metadata
+    try:
+        text = cluster.core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod.name}:{exporter.port}", pod.namespace, "metrics", _request_timeout=READ_TIMEOUT_S)
+    except ApiException as exc:
+        body = " ".join(str(exc.body or "").split())[:200]
+        return {"error": f"HTTP {exc.status} {exc.reason}" + (f": {body}" if body else "")}
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    return {"text": text}
+
+
+def facts_of(node) -> monitoring.NodeFacts:
+    """What gpuproof knows of the node's GPUs: their UUIDs where DRA's ResourceSlices name them (in NVML index
+    order), else their count (GFD's gpu.count counts MIG devices under the single strategy: not GPUs then)."""
+    whole = sorted((d for d in node.dra_devices if d.type == "gpu" and d.uuid),
+                   key=lambda d: int(d.attributes.get("index", 0) or 0))
+    gpus = node.physical_count
+    if gpus is None and node.mig_strategy != "single":
+        gpus = node.count_label
+    mig = node.mig_strategy != "none"
+    instances = sum(node.mig_resources.values()) if node.mig_resources else (
+        node.count_label if node.mig_strategy == "single" else None)
+    return monitoring.NodeFacts(node.name, gpus, tuple(d.uuid for d in whole), mig, instances if mig else None)
+
+
+def test_exporter_publishes_every_gpu(gpu_node, target, exporters, fanout, request, check):
+    """One exporter pod per GPU node, Ready, publishing each of the node's GPUs under the node's name."""
+    node = gpu_node
+    mine = exporters.on_node.get(node.name, [])
+    found = mine[0] if mine else None
+    shown = [f"{e.name}: {e.pod.status.phase}{', Ready' if ready(e.pod) else ', not Ready'}" for e in mine]
+    if not check.true("dcgm-exporter-ready", found is not None and ready(found.pod),
+                      f"a Ready pod of {exporters.describe()} on the node", ", ".join(shown) or "none",
+                      what="the DCGM exporter on the node"):
+        return
+
+    def work(n, lane):
+        there = exporters.on_node.get(n.name, [])
+        return read_metrics(target.cluster, there[0]) if there else {"error": "no exporter pod on the node"}
+
+    result = fanout.result(request.node, node, work, name="monitoring")
+    if not check.true("dcgm-metrics-read", "text" in result,
+                      f"{found.name}'s /metrics through the API server's pod proxy (port {found.port})",
+                      result.get("error", ""), what="the exporter's /metrics"):
+        return
+    text = result["text"]
+    info = monitoring.exporter_info(text)
+    check.record("dcgm-exporter-version", "pass", "",
+                 f"image {found.image}; names {info.get('names')}; host label {info.get('host_label')}; "
+                 f"{info.get('releases')}; driver {info.get('driver') or '?'}")
+    for f in monitoring.judge(facts_of(node), text, exporter_pod=found.pod.metadata.name):
+        what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
+        check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
