@@ -9,3 +9,10 @@ def pytest_addoption(parser):
         "--gfd-max-age", type=float, default=3600.0, metavar="SECONDS",
         help="oldest nvidia.com/gfd.timestamp that counts as fresh (GFD relabels every minute by default); "
              "default 3600")
+    parser.getgroup("gpuproof").addoption(
+        "--prometheus", default=None, metavar="URL",
+        help="a Prometheus that scrapes the DCGM exporter (e.g. kube-prometheus-stack's, port-forwarded or through "
+             "its ingress): the monitoring suite checks each GPU's series reach it with the workload's pod label")
+    parser.getgroup("gpuproof").addoption(
+        "--prometheus-selector", default="", metavar="LABELS",
+        help='extra label matchers for the monitoring suite\'s Prometheus queries, e.g. \'job="dcgm-exporter"\'')

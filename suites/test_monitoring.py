@@ -12,12 +12,19 @@
   (index and UUID), the expected and the actual.
 - The exporter's image, name set, host label spelling and the releases they fit are recorded per node
   (``dcgm-exporter-version``).
+- Through Prometheus, when one is named (``--prometheus URL``, ``--prometheus-selector 'job="..."'``): each GPU the
+  exporter publishes has its utilization series there (``prometheus-gpu-series``), and a GPU the exporter attributes
+  to a pod carries that pod in ``pod`` there too (``prometheus-pod-label``; a ServiceMonitor without
+  ``honorLabels: true`` leaves it in ``exported_pod`` and fails with that reason). Without ``--prometheus`` it skips.
 
 Every node's exporter is read at once (the fan-out; reads hold no pod slot). Permissions: ``apps/daemonsets`` list,
 ``pods`` list, ``pods/proxy`` get.
 """
 
 import dataclasses
+import json
+import urllib.parse
+import urllib.request
 
 import pytest
 import urllib3
@@ -171,5 +178,56 @@ def test_exporter_publishes_every_gpu(gpu_node, target, exporters, fanout, reque
                  f"image {found.image}; names {info.get('names')}; host label {info.get('host_label')}; "
                  f"{info.get('releases')}; driver {info.get('driver') or '?'}")
     for f in monitoring.judge(facts_of(node), text, exporter_pod=found.pod.metadata.name):
+        what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
+        check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
+
+
+UTILIZATION_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                     "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")
+
+
+def prometheus_series(url: str, uuids: list, selector: str = "", timeout: float = READ_TIMEOUT_S) -> list:
+    """The utilization series Prometheus holds for these GPUs (by UUID: unique across the cluster, whichever host
+    label spelling the exporter used), as dcgm_series samples."""
+    matchers = [f'__name__=~"{"|".join(UTILIZATION_NAMES)}"', f'UUID=~"{"|".join(sorted(uuids))}"']
+    if selector.strip():
+        matchers.append(selector.strip())
+    query = urllib.parse.urlencode({"query": "{" + ",".join(matchers) + "}"})
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{query}", timeout=timeout) as r:
+        answer = json.load(r)
+    if answer.get("status") != "success":
+        raise OSError(f"Prometheus answered {answer.get('errorType')}: {answer.get('error')}")
+    return monitoring.samples_from_query(answer["data"]["result"])
+
+
+def test_prometheus_has_each_gpus_series_with_its_pod(gpu_node, target, exporters, fanout, request, check):
+    """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
+    url = request.config.getoption("prometheus", None)
+    if not url:
+        pytest.skip("no Prometheus named: --prometheus URL checks that the exporter's series reach it")
+    node = gpu_node
+    mine = [e for e in exporters.on_node.get(node.name, []) if ready(e.pod)]
+    if not mine:
+        check.skip("prometheus-gpu-series", f"{node.name} has no Ready DCGM exporter pod (dcgm-exporter-ready)")
+    selector = request.config.getoption("prometheus_selector", "") or ""
+
+    def work(n, lane):
+        there = [e for e in exporters.on_node.get(n.name, []) if ready(e.pod)]
+        read = read_metrics(target.cluster, there[0])
+        if "text" not in read:
+            return read
+        try:
+            uuids = sorted(set(monitoring.attributed(read["text"])) | set(monitoring.published(read["text"])))
+            return {**read, "stored": prometheus_series(url, uuids, selector) if uuids else []}
+        except (OSError, ValueError) as exc:
+            return {**read, "prometheus_error": f"{type(exc).__name__}: {exc}"}
+
+    result = fanout.result(request.node, node, work, name="monitoring-prometheus")
+    if "text" not in result:
+        check.skip("prometheus-gpu-series", f"the exporter's /metrics could not be read: {result.get('error')}")
+    if not check.true("prometheus-gpu-series", "stored" in result, f"an answer from {url}",
+                      result.get("prometheus_error", ""), what="Prometheus' query API"):
+        return
+    for f in monitoring.judge_prometheus(node.name, result["text"], result["stored"]):
         what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
         check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)

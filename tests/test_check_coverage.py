@@ -29,7 +29,8 @@ BUILT = {
     ("test_census.py", "v.check"): {"census-result", "census-matmul-pool", "census-matmul-datasheet",   # census.CHECKS
                                     "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
     ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
-                                        "dcgm-host-label"},                           # monitoring.CHECKS
+                                        "dcgm-host-label",                            # monitoring.CHECKS
+                                        "prometheus-gpu-series", "prometheus-pod-label"},     # and PROMETHEUS_CHECKS
 }
 
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
@@ -71,6 +72,7 @@ def fault_tables() -> dict[str, dict]:
     import test_dra
     import test_kubelet_faults
     import test_monitoring
+    import test_monitoring_prometheus
     import test_real_gpu_checks
     import test_real_shapes
     import test_suite_faults
@@ -92,6 +94,8 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_kubelet_faults.py::test_the_node_fault_fails_its_check_and_the_healthy_node_passes":
             test_kubelet_faults.FAULTS,
         "tests/test_monitoring.py::test_monitoring_check_fails_on_its_fault": test_monitoring.FAULTS,
+        "tests/test_monitoring_prometheus.py::test_the_suites_prometheus_check_fails_on_its_fault":
+            test_monitoring_prometheus.FAULTS,
     }
 
 

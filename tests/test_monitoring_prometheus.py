@@ -25,17 +25,24 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from gpuproof.discovery import monitoring
+from gpuproof.plugin.fixtures import Checker
+from gpuproof.results import RunDir
+from test_monitoring import H100_NODE, cluster, exporter_pod, daemonset
+from test_real_gpu_checks import INLINE, suite
 
 pytestmark = pytest.mark.server
 
 DATA = Path(__file__).parent / "data" / "dcgm"
 REQUIRED = os.environ.get("GPUPROOF_REQUIRE_TOOLS") == "1" or bool(os.environ.get("CI"))
 RECORDED = "h100-pod-on-gpu0-issue490.prom"
+PARTIAL = "derived-fault-h100-gpu1-missing.prom"           # the same exporter, GPU 1's series gone
+JOBS = ("honored", "default", "partial")
 NODE = "computeinstance-e00c1p6dpy98xytphp"
 GPU0 = "GPU-8b2281de-6d3c-22ed-0ec8-d3b864870b8b"
 EXPORTER = {"pod": "nvidia-dcgm-exporter-x7k2p", "namespace": "gpu-operator", "container": "nvidia-dcgm-exporter"}
@@ -77,8 +84,8 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    """Prometheus scraping the recorded output every second in jobs ``honored`` and ``default``; its URL once both
-    targets have been scraped."""
+    """Prometheus scraping the recorded output every second in jobs ``honored`` and ``default`` (and, in
+    ``partial``, the output without GPU 1); its URL once every target has been scraped."""
     binary = shutil.which("prometheus")
     if binary is None:
         if REQUIRED:
@@ -98,7 +105,9 @@ def prometheus(tmp_path_factory):
                "static_configs": [{"targets": [target], "labels": EXPORTER}]}
         config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
                   "scrape_configs": [{"job_name": "honored", "honor_labels": True, **job},
-                                     {"job_name": "default", **job}]}
+                                     {"job_name": "default", **job},
+                                     {"job_name": "partial", "honor_labels": True, **job,
+                                      "metrics_path": f"/{PARTIAL}"}]}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
         url = f"http://127.0.0.1:{port}"
@@ -110,9 +119,9 @@ def prometheus(tmp_path_factory):
         def scraped():
             assert procs[1].poll() is None, (tmp / "prometheus.log").read_text()[-2000:]
             active = get_json(f"{url}/api/v1/targets")["data"]["activeTargets"]
-            return {t["labels"]["job"] for t in active if t["health"] == "up"} == {"honored", "default"} and \
-                query(url, 'count(DCGM_FI_DEV_GPU_UTIL) by (job)')
-        until("Prometheus to have scraped the recorded output in both jobs", scraped)
+            return {t["labels"]["job"] for t in active if t["health"] == "up"} == set(JOBS) and \
+                len(query(url, 'count(DCGM_FI_DEV_GPU_UTIL) by (job)')) == len(JOBS)
+        until(f"Prometheus to have scraped the recorded outputs in jobs {', '.join(JOBS)}", scraped)
         yield url
     finally:
         for p in reversed(procs):
@@ -155,3 +164,58 @@ def test_without_honor_labels_the_check_fails_with_exported_pod(prometheus):
     real = {s.labels["UUID"]: {k: v for k, v in s.labels.items() if k not in ("job", "instance")}
             for s in stored(prometheus, "default")}
     assert real == derived
+
+
+# ------------------------------------------------------------------------ the suite's check, against this Prometheus
+
+GPU1 = "GPU-15338f3e-5fd9-962d-921a-979b820520f0"
+# id: (the Prometheus: this one or a port nothing listens on, --prometheus-selector, [(check, node, expected,
+#      the actual's start)] that must fail)
+FAULTS = {
+    "no-honor-labels": ("here", 'job="default"',
+                        [("prometheus-pod-label", NODE, "pod=default/dcgmproftester2 (the pod the exporter attributes "
+                          "the GPU to)", "pod=gpu-operator/nvidia-dcgm-exporter-x7k2p, exported_container=")]),
+    "a-gpu-never-scraped": ("here", 'job="partial"',
+                            [("prometheus-gpu-series", NODE, "the exporter's utilization series in Prometheus",
+                              "none")]),
+    "prometheus-unreachable": ("closed", "",
+                               [("prometheus-gpu-series", NODE, "an answer from {url}", "URLError: ")]),
+}
+
+
+def run_prometheus_check(tmp_path, url: str, selector: str):
+    module = suite("monitoring")
+    api = cluster([daemonset()], [exporter_pod(NODE)], RECORDED)
+    options = {"prometheus": url, "prometheus_selector": selector}
+    request = SimpleNamespace(node=None, config=SimpleNamespace(getoption=lambda name, default=None: options[name]))
+    run_dir = RunDir(tmp_path / "run")
+    checker = Checker(run_dir, module.FEATURE, H100_NODE, {NODE: H100_NODE})
+    module.test_prometheus_has_each_gpus_series_with_its_pod(gpu_node=H100_NODE, target=SimpleNamespace(cluster=api),
+                                                             exporters=module.require_exporters(api), fanout=INLINE,
+                                                             request=request, check=checker)
+    return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
+
+
+def test_the_suites_prometheus_check_passes_with_honor_labels(prometheus, tmp_path):
+    checker, records = run_prometheus_check(tmp_path, prometheus, 'job="honored"')
+    checker.finish()
+    assert [(r["check"], r["verdict"]) for r in records] == [
+        ("prometheus-gpu-series", "pass"), ("prometheus-gpu-series", "pass"), ("prometheus-pod-label", "pass"),
+        ("prometheus-gpu-series", "pass")]
+
+
+@pytest.mark.parametrize("case", list(FAULTS))
+def test_the_suites_prometheus_check_fails_on_its_fault(prometheus, tmp_path, case):
+    where, selector, expectations = FAULTS[case]
+    url = prometheus if where == "here" else f"http://127.0.0.1:{free_port()}"
+    checker, records = run_prometheus_check(tmp_path, url, selector)
+    with pytest.raises(pytest.fail.Exception) as raised:
+        checker.finish()
+    for check, target, expected, actual in expectations:
+        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"
+                    and r["actual"].startswith(actual)), None)
+        assert rec is not None, records
+        assert (rec["target"], rec["expected"]) == (target, expected.format(url=url)), rec
+        assert rec["message"] in str(raised.value).splitlines() and rec["message"].startswith(f"{target}: ")
+        if check != "prometheus-gpu-series" or where == "here":
+            assert "GPU " in rec["message"] and ("GPU-" in rec["message"]), rec      # the GPU: index and UUID

@@ -223,6 +223,12 @@ def attributed(text: str) -> dict[str, tuple[str, str, str]]:
     return {r.uuid: r.pod for r in dcgm.readings(dcgm.parse(text)) if r.uuid and r.pod}
 
 
+def published(text: str) -> list[str]:
+    """The UUIDs of the GPUs the exporter publishes a utilization series for."""
+    dcgm = series()
+    return sorted({r.uuid for r in dcgm.readings(dcgm.parse(text)) if r.uuid and r.quantity in UTILIZATION})
+
+
 def samples_from_query(result: list[dict]) -> list:
     """A Prometheus instant query's ``data.result`` (vector) as dcgm_series samples."""
     dcgm = series()
