@@ -18,7 +18,9 @@
   ``honorLabels: true`` leaves it in ``exported_pod`` and fails with that reason). Without ``--prometheus`` it skips.
 
 Every node's exporter is read at once (the fan-out; reads hold no pod slot). Permissions: ``apps/daemonsets`` list,
-``pods`` list, ``pods/proxy`` get.
+``pods`` list, ``pods/proxy`` get. Proven on recorded outputs (tests/test_monitoring.py, against real Prometheus in
+tests/test_monitoring_prometheus.py) and, for the cluster path, on a kubelet node whose DaemonSet serves a recorded
+output with ``python -m http.server`` (tests/test_monitoring_kubelet.py).
 """
 
 import dataclasses
@@ -126,8 +128,11 @@ def read_metrics(cluster, exporter: Exporter) -> dict:
     """The exporter pod's /metrics through the API server's pod proxy: {"text"} or {"error"}."""
     pod = exporter.pod.metadata
     try:
-        text = cluster.core.connect_get_namespaced_pod_proxy_with_path(
-            f"{pod.name}:{exporter.port}", pod.namespace, "metrics", _request_timeout=READ_TIMEOUT_S)
+        # the raw body: the client's own decoding of a 'str' answer gives the repr of its bytes (kubernetes 36)
+        resp = cluster.core.connect_get_namespaced_pod_proxy_with_path(
+            f"{pod.name}:{exporter.port}", pod.namespace, "metrics", _request_timeout=READ_TIMEOUT_S,
+            _preload_content=False)
+        text = resp.data
     except ApiException as exc:
         body = " ".join(str(exc.body or "").split())[:200]
         return {"error": f"HTTP {exc.status} {exc.reason}" + (f": {body}" if body else "")}

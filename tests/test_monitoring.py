@@ -209,7 +209,8 @@ def cluster(daemonsets: list, pods: list, served: str | None = None, refused: Ap
         asked.append((name, namespace, path))
         if refused is not None:
             raise refused
-        return text(served)
+        assert kw.get("_preload_content") is False        # the raw body, as the API server sent it
+        return SimpleNamespace(data=text(served).encode())
 
     return SimpleNamespace(
         apps=SimpleNamespace(list_daemon_set_for_all_namespaces=lambda: k8s.V1DaemonSetList(items=daemonsets)),
