@@ -193,7 +193,8 @@ def test_a_server_that_will_not_stop_costs_its_own_summary_not_the_load_figures(
 
 def test_the_documented_rules_judge_metrics_the_benchmarks_write():
     """Every rule of the rules example in reports/README.md matches a record the benchmarks' own to_records write
-    (the example once named inference/latency_p9[59]_ms, which no benchmark wrote: copied, it judged nothing)."""
+    (the example once named inference/latency_p9[59]_ms, which no benchmark wrote: copied, it judged nothing). With
+    the records of real CPU runs, and the nightly's rules too: tests/test_upgrade_loop.py."""
     import json
     import re
     from pathlib import Path
@@ -208,7 +209,9 @@ def test_the_documented_rules_judge_metrics_the_benchmarks_write():
     step = {"step": 0, "offered_rps": 4.0, "served_rps": 4.0, "e2e_p50_ms": 80.0, "e2e_p90_ms": 95.0,
             "e2e_p99_ms": 120.0}
     recs = [*get("matmul").to_records(MATMUL_RESULT, node="n", product="P"),
-            *get("inference").to_records({"device": "cuda", "load": {"steps": [step]}}, node="n", product="P")]
+            *get("inference").to_records({"device": "cuda", "load": {"steps": [step]}}, node="n", product="P"),
+            *get("hbm").to_records({"device": "cuda", "results": [{"kernel": "copy", "size_bytes": 2 ** 30, "iters": 20,
+                                                                   "gbps": 3900.0, "median_ms": 0.55}]})]
     for rule in rules:
         hits = [r for r in recs if rule.matches(r.benchmark, r.metric, json.dumps(r.parameters, sort_keys=True,
                                                                                   default=str))]

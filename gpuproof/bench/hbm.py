@@ -27,6 +27,9 @@ class Hbm(Benchmark):
              "warmup": "--warmup", "product": "--product", "sample_hz": "--sample-hz", "threads": "--threads"}
     timeout_s = 1800
 
+    def cli_params(self, args) -> dict:
+        return {"threads": args.threads, "size": args.hbm_size, "iters": args.iters}
+
     def headline(self, result: dict) -> str:
         return "; ".join(f"{r['kernel']} {r['gbps']:.4g} GB/s"
                          + (f" ({r['ratio_to_peak']:.0%} of datasheet)" if r.get("ratio_to_peak") else "")

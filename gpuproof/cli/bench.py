@@ -15,6 +15,20 @@ def _choices() -> tuple[str, ...]:
 
     return (*names(), "all")
 
+
+def _benchmarks(text: str) -> list[str]:
+    """The benchmarks a comma list names, in its order ('all': every one), or argparse's one-line error."""
+    from ..bench import names
+
+    wanted = [w.strip() for w in text.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in _choices()]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(f"no benchmark {', '.join(map(repr, unknown)) or repr(text)}; "
+                                         f"choose from {', '.join(_choices())}, or a comma list of them")
+    if "all" in wanted:
+        return list(names())
+    return list(dict.fromkeys(wanted))
+
 DESCRIPTION = """\
 Run gpuproof's benchmarks on this host, on its GPU (default when torch sees one) or on
 the CPU, and write reports/<run-id>/ with long-format records (metrics.jsonl +
@@ -34,6 +48,7 @@ benchmarks:
   inference   LLM serving under locust load (built-in OpenAI-compatible server on 127.0.0.1, or --url):
               TTFT, TPOT, output tokens/s, goodput, capacity and what bound it
   all         all of the above
+  a,b,...     those, one after another, into one run folder (what a baseline and `report check` compare)
 
 examples:
   gpuproof bench --local matmul
@@ -42,6 +57,7 @@ examples:
   gpuproof bench --local inference --slo-ttft-ms 500 --slo-tpot-ms 50
   gpuproof bench --local inference --url http://127.0.0.1:8000 --model my-model   # your own endpoint
   gpuproof bench --local all --device cpu
+  gpuproof bench --local matmul,hbm,inference --run-id nightly-1   # one run folder for report check
 """
 
 
@@ -49,7 +65,8 @@ def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks on this host (GPU or CPU) and write a run folder",
                        description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     choices = _choices()
-    p.add_argument("benchmark", choices=choices, metavar="{" + ",".join(choices) + "}", help="what to run")
+    p.add_argument("benchmark", type=_benchmarks, metavar="{" + ",".join(choices) + "}",
+                   help="what to run: one, a comma list (matmul,hbm,inference: one run folder), or all")
     p.add_argument("--local", action="store_true",
                    help="run on this host (required: cluster benchmarks run through `gpuproof run --only-bench`)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -59,8 +76,10 @@ def register(sub) -> None:
                         "With 'all' use --matmul-sizes / --allreduce-sizes")
     p.add_argument("--matmul-sizes", default=None, help="matmul sizes when running 'all'")
     p.add_argument("--allreduce-sizes", default=None, help="all-reduce sizes when running 'all'")
+    p.add_argument("--hbm-size", default=None,
+                   help="hbm: bytes each buffer holds (default 1G on a GPU, 256M on the CPU; e.g. 64M)")
     p.add_argument("--dtypes", default=None, help="matmul dtypes: fp32,tf32,bf16,fp16,fp8 (default: all supported)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations (matmul, allreduce)")
+    p.add_argument("--iters", type=int, default=None, help="timed iterations (matmul, allreduce, hbm)")
     p.add_argument("--min-bytes", default=None, help="allreduce: smallest message (default 8)")
     p.add_argument("--max-bytes", default=None, help="allreduce: largest message (default 1G; 64M on the CPU)")
     p.add_argument("--nproc", type=int, default=None, help="allreduce: local ranks (default 1; GPUs: one per GPU)")
@@ -117,24 +136,23 @@ def _bench(args) -> int:
     if not args.local:
         raise GpuproofError("gpuproof bench runs on this host only: add --local. To benchmark a cluster's GPUs "
                             "run the bench suites: gpuproof run --kubeconfig <file> --only-bench")
-    if args.benchmark == "all" and args.sizes:
-        raise GpuproofError("--sizes is ambiguous with 'all' (matmul and allreduce sizes differ); "
+    todo = args.benchmark
+    if {"matmul", "allreduce"} <= set(todo) and args.sizes:
+        raise GpuproofError("--sizes is ambiguous with both matmul and allreduce (their sizes differ); "
                             "use --matmul-sizes and --allreduce-sizes")
     from .extras import require
 
     # the workloads run here, as subprocesses: torch for all, locust for the load generator
-    require("bench", ["torch"] + (["locust"] if args.benchmark in ("inference", "all") else []),
+    require("bench", ["torch"] + (["locust"] if "inference" in todo else []),
             "gpuproof bench --local")
     from ..results import _SAFE, RunDir
 
     if args.run_id and not _SAFE.match(args.run_id):
         raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
-    from ..bench import names
     from ..bench.benchmarks import run_and_record
     from ..bench.metrics import unavailable_reason
 
     device = _device(args.device)
-    todo = names() if args.benchmark == "all" else [args.benchmark]
     run_dir = RunDir.create(args.out, args.run_id, target="local", cluster="local", argv=sys.argv[1:])
     print(f"gpuproof bench: run {run_dir.run_id} on {device} -> {run_dir.path}/", file=sys.stderr)
     failed: list[str] = []
