@@ -157,7 +157,13 @@ def facts_of(node) -> monitoring.NodeFacts:
     return monitoring.NodeFacts(node.name, gpus, tuple(d.uuid for d in whole), mig, instances if mig else None)
 
 
-def test_exporter_publishes_every_gpu(gpu_node, target, exporters, fanout, request, check):
+def fan_out(request):
+    """The session's fan-out, asked for when the check runs: these checks create nothing (no pod, no object), and
+    gpuproof's plan counts a check whose fixtures include the run (the fan-out's do) as one that creates objects."""
+    return request.getfixturevalue("fanout")
+
+
+def test_exporter_publishes_every_gpu(gpu_node, target, exporters, request, check):
     """One exporter pod per GPU node, Ready, publishing each of the node's GPUs under the node's name."""
     node = gpu_node
     mine = exporters.on_node.get(node.name, [])
@@ -172,7 +178,7 @@ def test_exporter_publishes_every_gpu(gpu_node, target, exporters, fanout, reque
         there = exporters.on_node.get(n.name, [])
         return read_metrics(target.cluster, there[0]) if there else {"error": "no exporter pod on the node"}
 
-    result = fanout.result(request.node, node, work, name="monitoring")
+    result = fan_out(request).result(request.node, node, work, name="monitoring")
     if not check.true("dcgm-metrics-read", "text" in result,
                       f"{found.name}'s /metrics through the API server's pod proxy (port {found.port})",
                       result.get("error", ""), what="the exporter's /metrics"):
@@ -205,7 +211,7 @@ def prometheus_series(url: str, uuids: list, selector: str = "", timeout: float 
     return monitoring.samples_from_query(answer["data"]["result"])
 
 
-def test_prometheus_has_each_gpus_series_with_its_pod(gpu_node, target, exporters, fanout, request, check):
+def test_prometheus_has_each_gpus_series_with_its_pod(gpu_node, target, exporters, request, check):
     """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
     url = request.config.getoption("prometheus", None)
     if not url:
@@ -227,7 +233,7 @@ def test_prometheus_has_each_gpus_series_with_its_pod(gpu_node, target, exporter
         except (OSError, ValueError) as exc:
             return {**read, "prometheus_error": f"{type(exc).__name__}: {exc}"}
 
-    result = fanout.result(request.node, node, work, name="monitoring-prometheus")
+    result = fan_out(request).result(request.node, node, work, name="monitoring-prometheus")
     if "text" not in result:
         check.skip("prometheus-gpu-series", f"the exporter's /metrics could not be read: {result.get('error')}")
     if not check.true("prometheus-gpu-series", "stored" in result, f"an answer from {url}",

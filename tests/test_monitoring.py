@@ -229,8 +229,9 @@ def run_suite(tmp_path, gpu_node, api):
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, gpu_node, {gpu_node.name: gpu_node})
     module.test_exporter_publishes_every_gpu(gpu_node=gpu_node, target=SimpleNamespace(cluster=api),
-                                             exporters=module.require_exporters(api), fanout=INLINE,
-                                             request=SimpleNamespace(node=None), check=checker)
+                                             exporters=module.require_exporters(api),
+                                             request=SimpleNamespace(node=None, getfixturevalue={"fanout": INLINE}.get),
+                                             check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 
 

@@ -187,11 +187,12 @@ def run_prometheus_check(tmp_path, url: str, selector: str):
     module = suite("monitoring")
     api = cluster([daemonset()], [exporter_pod(NODE)], RECORDED)
     options = {"prometheus": url, "prometheus_selector": selector}
-    request = SimpleNamespace(node=None, config=SimpleNamespace(getoption=lambda name, default=None: options[name]))
+    request = SimpleNamespace(node=None, config=SimpleNamespace(getoption=lambda name, default=None: options[name]),
+                              getfixturevalue={"fanout": INLINE}.get)
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, H100_NODE, {NODE: H100_NODE})
     module.test_prometheus_has_each_gpus_series_with_its_pod(gpu_node=H100_NODE, target=SimpleNamespace(cluster=api),
-                                                             exporters=module.require_exporters(api), fanout=INLINE,
+                                                             exporters=module.require_exporters(api),
                                                              request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 
