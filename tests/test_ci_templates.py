@@ -150,7 +150,7 @@ def synthetic(tmp_path):
     """A good run, a run with a 10% matmul regression, and a baseline + rules made from the good one."""
     from gpuproof.report.baseline import make_baseline, save_baseline
     from gpuproof.report.data import load_run
-    from gpuproof.report.synthetic import make_run
+    from synthetic_runs import make_run
 
     reports = tmp_path / "reports"
     base = make_run(reports, "nightly-good")

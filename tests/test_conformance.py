@@ -321,7 +321,7 @@ def test_warnings_are_said_with_a_pass_and_alone_are_no_pass(tmp_path):
 def test_a_whole_synthetic_run(tmp_path):
     """gpuproof's synthetic run (every record kind, a failed label check, skipped MIG tests): nothing it holds
     establishes a 1.37 requirement, and the folder is still whole."""
-    from gpuproof.report.synthetic import make_run as synthetic
+    from synthetic_runs import make_run as synthetic
 
     ev = write_evidence(synthetic(tmp_path, "20250101-120000-abc123"), tmp_path / "out")
     states = {j.requirement.id: j.state for j in ev.judgements}

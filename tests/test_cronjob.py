@@ -265,7 +265,7 @@ def test_entrypoint_kubeconfig_is_the_pods_serviceaccount(embedded, rbac_applied
 def test_entrypoint_runs_the_nightly_as_the_serviceaccount(embedded, rbac_applied, upload_server, tmp_path):
     from gpuproof.report.baseline import make_baseline, save_baseline
     from gpuproof.report.data import load_run
-    from gpuproof.report.synthetic import make_run
+    from synthetic_runs import make_run
 
     env = pod_environment(embedded, tmp_path)
     reports = tmp_path / "reports"            # the CronJob's volume

@@ -19,7 +19,7 @@ from gpuproof.report.baseline import (
     save_baseline,
 )
 from gpuproof.report.data import load_run
-from gpuproof.report.synthetic import make_run
+from synthetic_runs import make_run
 from gpuproof.results import MetricRecord, RunDir
 
 RULES = """\
@@ -31,7 +31,7 @@ rules:
     tolerance: 0.05
     direction: lower_is_better
   - metric: allreduce/busbw_gbps
-    parameters: {size_bytes: "268435456"}
+    parameters: {size_bytes: "16777216"}
     tolerance: 0.05
     direction: higher_is_better
 """
@@ -64,7 +64,7 @@ def test_seeded_ten_percent_regression_is_flagged_and_two_percent_is_not(runs):
     regressed = {(v.benchmark, v.metric, json.loads(v.parameters)["dtype"], v.product) for v in report.regressions}
     # fp16 tflops, both products: and nothing else
     assert {(b, m, d) for b, m, d, _ in regressed} == {("matmul", "tflops", "fp16")}
-    assert len(report.regressions) == 4                      # 2 products x 2 shapes
+    assert len(report.regressions) == 2                      # 2 products x the recorded shape (8192)
     for v in report.regressions:
         assert v.change == pytest.approx(-0.10)
     by_name = {}
@@ -93,10 +93,10 @@ def test_check_command_exits_one_with_a_readable_table(runs, capsys):
     assert lines[0].split() == ["status", "metric", "parameters", "product", "baseline", "current", "change",
                                 "allowed", "rule"]
     regression_lines = [line for line in lines if line.startswith("REGRESSION")]
-    assert len(regression_lines) == 4
+    assert len(regression_lines) == 2
     assert all("matmul/tflops" in line and "dtype=fp16" in line and "-10.0%" in line and "≥ -5.0%" in line
                for line in regression_lines)
-    assert "4 regressions" in out and "regression" in err
+    assert "2 regressions" in out and "regression" in err
     assert "bf16" not in out                                  # within tolerance: only with --all
 
     rc = main(["report", "check", str(runs["base"]), "--baseline", str(runs["baseline"]),
@@ -111,7 +111,7 @@ def test_check_json_and_all(runs, capsys, tmp_path):
                "--rules", str(runs["rules"]), "--format", "json", "-o", str(out_file)])
     assert rc == 1
     data = json.loads(out_file.read_text())
-    assert data["regressions"] == 4
+    assert data["regressions"] == 2
     assert {v["parameters"]["dtype"] for v in data["verdicts"] if v["status"] == "regression"} == {"fp16"}
     rc = main(["report", "check", str(runs["after"]), "--baseline", str(runs["baseline"]),
                "--rules", str(runs["rules"]), "--all"])

@@ -3,7 +3,7 @@
 import copy
 
 from gpuproof.report.inventory_diff import Change, changes_table, diff_inventories, fleet_table
-from gpuproof.report.synthetic import fleet_inventory, gpu_node, set_driver
+from synthetic_runs import fleet_inventory, gpu_node, set_driver
 
 
 def _node(inv, name):

@@ -10,7 +10,7 @@ from gpuproof.report import write_all
 from gpuproof.report.data import load_run, resolve_run
 from gpuproof.report.junit import read_junit
 from gpuproof.report.summary import render_summary
-from gpuproof.report.synthetic import make_run
+from synthetic_runs import make_run
 from gpuproof.results import CheckRecord, MetricRecord, RunDir
 
 
@@ -35,7 +35,7 @@ def test_summary_puts_failures_first_with_expected_actual_and_node(run_path):
     assert "| ❌ | suites.test_labels::test_gfd_labels_present | AssertionError: node h100-1 lacks label" in md
     assert "| pytest tests | 1 | no MIG-enabled pool in this fleet |" in md
     assert "| labels | ✅ 2 | – | ❌ 1 ✅ 1 | – |" in md
-    assert "| NVIDIA-H100-80GB-HBM3 | fp16 | 772 | 989 | 78% | 8192x8192x8192 | h100-0 |" in md
+    assert "| NVIDIA-H100-80GB-HBM3 | fp16 | 658 | 989 | 67% | 8192x8192x8192 | h100-0 |" in md
 
 
 def test_summary_escapes_table_cells(tmp_path):

@@ -91,7 +91,9 @@ class Matmul(Benchmark):
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
-        dev = {"device": result.get("device"), "device_name": result.get("device_name")}
+        # the GPU's name is the record's product, not a parameter: parameters are what a run of another GPU type
+        # is matched on (`gpuproof report compare` of an A100 run and an H100 run)
+        dev = {"device": result.get("device")}
         recs = []
         for r in result.get("results") or []:
             p = {**dev, "dtype": r["dtype"], "m": r["m"], "n": r["n"], "k": r["k"], "iters": r["iters"]}

@@ -37,8 +37,7 @@ class Hbm(Benchmark):
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
-        dev = {"device": result.get("device"), "device_name": result.get("device_name"),
-               "memory": result.get("memory")}
+        dev = {"device": result.get("device"), "memory": result.get("memory")}   # the GPU's name: the product
         recs = []
         for r in result.get("results") or []:
             p = {**dev, "kernel": r["kernel"], "size_bytes": r["size_bytes"], "iters": r["iters"]}

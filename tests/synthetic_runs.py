@@ -1,25 +1,63 @@
-"""Synthetic run folders, written through RunDir, for the report tests and for trying
-the reports without a cluster (``python -m gpuproof.report.synthetic reports/demo``).
+"""Run folders for the report tests, written through RunDir, whose metrics come from recorded benchmark results
+passed through each benchmark's own ``to_records``: the records carry exactly the names and parameters the
+benchmarks write, so a report test cannot pass on a vocabulary no benchmark speaks (issue #40).
 
-Everything is deterministic; ``scale`` multiplies chosen metrics (to seed a
-regression), and the inventory helpers build fleets in inventory.json's shape.
+The recorded results (tests/data/results/, their sources in SOURCES.md): matmul on one H100 (the first GPU run),
+all-reduce (2 gloo ranks) and inference (the built-in server on the CPU) on a 2-core CI machine. For a product the
+result was not measured on, matmul's figures are scaled by the two products' datasheet peaks (gpuproof's catalog
+figures) and the dtypes it lacks are left out; all-reduce's and inference's figures are used as recorded.
+``scale`` multiplies chosen metrics after that (to seed a regression); checks, samples and inventory are made up
+in the shapes gpuproof writes them.
+
+Try the reports on them: ``python tests/synthetic_runs.py /tmp/demo``.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as _dt
+import json
 import random
 from pathlib import Path
 
-from ..results import CheckRecord, MetricRecord, RunDir
+from gpuproof.bench import get
+from gpuproof.results import CheckRecord, RunDir
 
+RESULTS = Path(__file__).resolve().parent / "data" / "results"
+RECORDED = {"matmul": "h100-matmul.json", "allreduce": "cpu-allreduce.json", "inference": "cpu-inference.json"}
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"
 PEAK = {A100: {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
         H100: {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}}
-EFFICIENCY = {"fp32": 0.93, "tf32": 0.72, "fp16": 0.78, "bf16": 0.77}
-BUSBW_PEAK = {A100: 230.0, H100: 360.0}
+MEASURED_ON = H100          # the product of the recorded matmul result
+
+
+def recorded(benchmark: str) -> dict:
+    return json.loads((RESULTS / RECORDED[benchmark]).read_text())
+
+
+def as_measured_on(benchmark: str, result: dict, product: str) -> dict:
+    """``result`` as ``product`` would give it: matmul scaled by the datasheet peaks (dtypes without a peak for
+    ``product`` left out); the others as recorded."""
+    result = copy.deepcopy(result)
+    if benchmark == "matmul" and product != MEASURED_ON:
+        rows = []
+        for row in result["results"]:
+            if row["dtype"] not in PEAK[product]:
+                continue
+            ratio = PEAK[product][row["dtype"]] / PEAK[MEASURED_ON][row["dtype"]]
+            for key in ("tflops", "tflops_best", "peak_tflops"):
+                if row.get(key) is not None:
+                    row[key] *= ratio
+            for key in ("median_ms", "mean_ms", "min_ms", "p90_ms"):
+                if row.get(key) is not None:
+                    row[key] /= ratio
+            rows.append(row)
+        result["results"] = rows
+        result["checks"] = [c for c in result.get("checks") or [] if c["dtype"] in PEAK[product]]
+        result["device_name"] = product
+        result.pop("utilization", None)         # the H100's samples are not this product's
+    return result
 
 
 def gpu_node(name: str, pool: str, product: str, driver: str = "550.54.15", cuda: str = "12.4",
@@ -83,9 +121,9 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = None,
              inventory: dict | None = None, fail_labels: bool = True, samples: bool = True,
              junit: bool = True, seed: int = 1, noise: float = 0.0) -> Path:
-    """A complete synthetic run: checks, matmul/allreduce/inference metrics, samples,
-    inventory and junit.xml. ``scale`` maps "benchmark/metric" (or "benchmark/metric/dtype")
-    to a factor applied to that metric, e.g. {"matmul/tflops/fp16": 0.9}."""
+    """A complete run: checks, the recorded matmul/allreduce/inference metrics on each GPU product of the inventory
+    (on its first node of that product), samples, inventory and junit.xml. ``scale`` maps "benchmark/metric" (or
+    "benchmark/metric/dtype") to a factor applied to that metric, e.g. {"matmul/tflops/fp16": 0.9}."""
     scale = scale or {}
     rng = random.Random(seed)
     inventory = inventory or fleet_inventory()
@@ -137,44 +175,15 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
                            "pool": kwok["pool"], "reason": "simulated (kwok): no GPU executes there, and this check "
                                                            "needs real GPUs"}])
 
-    products = sorted({n["product"] for n in gpu_nodes})
-    for product in products:
+    for product in sorted({n["product"] for n in gpu_nodes}):
         node = next(n["name"] for n in gpu_nodes if n["product"] == product)
-        for dtype, peak in PEAK[product].items():
-            for size in (4096, 8192):
-                eff = EFFICIENCY[dtype] * (0.9 if size == 4096 else 1.0)
-                tflops = peak * eff * factor("matmul", "tflops", dtype)
-                params = {"dtype": dtype, "m": size, "n": size, "k": size, "device": "cuda:0"}
-                run.add_metric(MetricRecord("matmul", "tflops", tflops, "TFLOP/s", params, node=node, product=product))
-                run.add_metric(MetricRecord("matmul", "ratio_to_peak", tflops / peak, "", params, node=node,
-                                            product=product))
-        busbws = []
-        for exp in range(10, 29, 2):
-            size = 2 ** exp
-            busbw = BUSBW_PEAK[product] * size / (size + 2 ** 22) * factor("allreduce", "busbw_gbps")
-            busbws.append(busbw)
-            params = {"size_bytes": size, "world_size": 8, "dtype": "float32"}
-            run.add_metric(MetricRecord("allreduce", "busbw_gbps", busbw, "GB/s", params, node=node, product=product))
-            run.add_metric(MetricRecord("allreduce", "algbw_gbps", busbw * 8 / 14, "GB/s", params, node=node,
-                                        product=product))
-        run.add_metric(MetricRecord("allreduce", "avg_busbw_gbps", sum(busbws) / len(busbws), "GB/s",
-                                    {"world_size": 8, "dtype": "float32"}, node=node, product=product))
-        speed = 1.0 if product == A100 else 0.6
-        for rps in (5, 10, 20, 40, 60):
-            load = rps / 70
-            base = 20 * speed / (1 - load) ** 0.5
-            params = {"target_rps": rps}
-            for pct, mult in (("50", 1.0), ("90", 1.6), ("95", 1.9), ("99", 2.8)):
-                run.add_metric(MetricRecord("inference", f"p{pct}_ms",
-                                            base * mult * factor("inference", f"p{pct}_ms"), "ms", params,
-                                            node=node, product=product))
-            thr = min(rps, 55 / speed) * factor("inference", "throughput_rps")
-            run.add_metric(MetricRecord("inference", "throughput_rps", thr, "req/s", params, node=node,
-                                        product=product))
-            run.add_metric(MetricRecord("inference", "error_rate", 0.0 if rps < 60 else 0.02, "", params, node=node,
-                                        product=product))
-    run.add_metric(MetricRecord("scheduling", "pod_start_p50_s", 1.8 * factor("scheduling", "pod_start_p50_s"), "s",
-                                {"pods": 50}))
+        for benchmark in RECORDED:
+            result = as_measured_on(benchmark, recorded(benchmark), product)
+            records = get(benchmark).to_records(result, node=node, product=product)
+            for record in records:
+                if isinstance(record.value, (int, float)) and not isinstance(record.value, bool):
+                    record.value *= factor(benchmark, record.metric, str(record.parameters.get("dtype") or ""))
+            run.add_metrics(records)
 
     if samples:
         phases = [("warmup", 10), ("matmul", 40), ("allreduce", 30), ("idle", 10)]
@@ -206,7 +215,7 @@ def make_run(root: str | Path, run_id: str, *, scale: dict[str, float] | None = 
 if __name__ == "__main__":  # pragma: no cover - a convenience for trying the reports
     import sys
 
-    from . import write_all
+    from gpuproof.report import write_all
 
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "reports")
     path = make_run(root, "demo-before", noise=0.01)
