@@ -3,7 +3,9 @@
 - The exporter is the DaemonSet of the GPU operator (``nvidia-dcgm-exporter``), of the standalone chart
   (``dcgm-exporter``, ``<release>-dcgm-exporter``), or any DaemonSet whose pods run the ``dcgm-exporter`` image or
   serve port 9400. A cluster without one skips the whole suite, saying so (never a pass); so does the embedded
-  cluster, which runs no DCGM.
+  cluster, which runs no DCGM: its kwok nodes are left out as every real-GPU check leaves them (an exporter pod
+  there is a pause container: the stack suite's ``operator-pod-ready`` judges those), and its kubelet nodes have no
+  exporter.
 - Per GPU node: a Ready exporter pod on the node (``dcgm-exporter-ready``; a node without one fails by name); its
   ``/metrics`` read through the API server's pod proxy (``pods/proxy``: no port-forward, nothing to open;
   ``dcgm-metrics-read``), judged by ``gpuproof/discovery/monitoring.py``: it parses strictly, every GPU (by UUID
@@ -163,7 +165,7 @@ def fan_out(request):
     return request.getfixturevalue("fanout")
 
 
-def test_exporter_publishes_every_gpu(gpu_node, target, exporters, request, check):
+def test_exporter_publishes_every_gpu(needs_real_gpus, gpu_node, target, exporters, request, check):
     """One exporter pod per GPU node, Ready, publishing each of the node's GPUs under the node's name."""
     node = gpu_node
     mine = exporters.on_node.get(node.name, [])
@@ -211,7 +213,7 @@ def prometheus_series(url: str, uuids: list, selector: str = "", timeout: float 
     return monitoring.samples_from_query(answer["data"]["result"])
 
 
-def test_prometheus_has_each_gpus_series_with_its_pod(gpu_node, target, exporters, request, check):
+def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node, target, exporters, request, check):
     """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
     url = request.config.getoption("prometheus", None)
     if not url:

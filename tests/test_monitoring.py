@@ -228,10 +228,10 @@ def run_suite(tmp_path, gpu_node, api):
     module = suite("monitoring")
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, gpu_node, {gpu_node.name: gpu_node})
-    module.test_exporter_publishes_every_gpu(gpu_node=gpu_node, target=SimpleNamespace(cluster=api),
-                                             exporters=module.require_exporters(api),
-                                             request=SimpleNamespace(node=None, getfixturevalue={"fanout": INLINE}.get),
-                                             check=checker)
+    request = SimpleNamespace(node=None, getfixturevalue={"fanout": INLINE}.get)
+    module.test_exporter_publishes_every_gpu(needs_real_gpus=None, gpu_node=gpu_node,
+                                             target=SimpleNamespace(cluster=api),
+                                             exporters=module.require_exporters(api), request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 
 

@@ -191,7 +191,8 @@ def run_prometheus_check(tmp_path, url: str, selector: str):
                               getfixturevalue={"fanout": INLINE}.get)
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, H100_NODE, {NODE: H100_NODE})
-    module.test_prometheus_has_each_gpus_series_with_its_pod(gpu_node=H100_NODE, target=SimpleNamespace(cluster=api),
+    module.test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus=None, gpu_node=H100_NODE,
+                                                             target=SimpleNamespace(cluster=api),
                                                              exporters=module.require_exporters(api),
                                                              request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]

@@ -41,6 +41,7 @@ RUN_NEEDS = rbac.run_needs(bench=False)
 # (the probe's ConfigMap and pod logs), and the benchmarks skip there.
 UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs only",
                       ("pods/log", "get"): "probe and benchmark results are read on real GPUs only",
+                      ("daemonsets", "list"): "the DCGM exporter is looked for on real GPU nodes only",
                       ("pods/proxy", "get"): "the DCGM exporter's /metrics is read where one runs (not embedded)"}
 
 
