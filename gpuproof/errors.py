@@ -35,6 +35,16 @@ class ApiUnreachable(WaitTimeout):
     that waited is not judged (a skip naming the wait), never passed or failed."""
 
 
+class NodeLost(ApiUnreachable):
+    """A node the run judges was deleted, or went NotReady, during the run (issue #41 item 4): a wait on a pod bound or
+    pinned to it ends at once, and a check on it is not judged (the skip names the node and why), never passed or
+    failed. A kind of :class:`ApiUnreachable`, so whatever maps that to 'not judged' maps this too."""
+
+    def __init__(self, node: str, reason: str, what: str = ""):
+        self.node, self.reason = node, reason
+        super().__init__(f"{reason}; gave up waiting for {what}" if what else reason)
+
+
 def one_line(exc: BaseException, limit: int = 500) -> str:
     """An error's message on one line (newlines and runs of blanks made one blank), at most ``limit`` characters."""
     return " ".join(str(exc).split())[:limit]

@@ -29,8 +29,9 @@ def register(sub) -> None:
                "  gpuproof run -k taints -- -x\n\n"
                "exit codes: 0 every check passed (or skipped, saying why); 1 a check failed;\n"
                "  2 bad input, or the run was interrupted (Ctrl-C, SIGTERM: what it created is deleted);\n"
-               "  75 the cluster stopped answering: the run was cut short, its report holds what was judged\n"
-               "     (checks cut by it are skipped as 'not judged'), `gpuproof clean` removes what it left;\n"
+               "  75 the cluster stopped answering, or a node the run judges was deleted or went NotReady:\n"
+               "     the run was cut short, its report holds what was judged and names what was lost (checks\n"
+               "     cut by it are skipped as 'not judged'), `gpuproof clean` removes what it left;\n"
                "  70 a bug in gpuproof",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_target_options(p)
@@ -145,7 +146,7 @@ def _run(args) -> int:
                       "tries again)", file=sys.stderr)
         print(f"\ngpuproof: run {run_id} -> {run_path}/", file=sys.stderr)
     if cut:
-        print(f"gpuproof: run {run_id} cut short: {cut}; its report holds what was judged before; once the cluster "
+        print(f"gpuproof: run {run_id} cut short: {cut}; its report holds what was judged; once the cluster "
               f"answers, `gpuproof clean` removes what the run left (exit {CUT_SHORT_EXIT})", file=sys.stderr)
         return CUT_SHORT_EXIT
     return code

@@ -16,7 +16,8 @@ Waits use watches with a deadline; a timeout raises :class:`WaitTimeout` naming 
 was awaited and the last state seen. A wait on the run's pods also ends, with the same error,
 as soon as one of them has been bound to a node for ``KUBELET_SILENCE`` seconds without a word
 from that node's kubelet, or its kubelet says it can never start it (:data:`NEVER_STARTS`): such a pod
-never starts, and saying so beats waiting out the deadline.
+never starts, and saying so beats waiting out the deadline. One bound or pinned to a node lost during the run
+(cluster/nodewatch.py) ends it with :class:`~gpuproof.errors.NodeLost`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
 # failed pulls of one image (the kubelet's ErrImagePull, retried with back-off: 10 s, 20 s, 40 s ...) after which a
 # pod is taken to never start: an image no mirror serves does not appear by waiting out the deadline
 PULL_TRIES = 3
+NODE_LOST_TICK = 3.0        # seconds between looks at the run's lost nodes while a pod wait has no event
 THROTTLED_TRIES = 8         # answers of 429 (Too Many Requests) one request is sent again after
 MIRROR_HINT = ("point gpuproof at an image this cluster can pull: GPUPROOF_IMAGE=<mirror>/<image> for the workload "
                "pods, GPUPROOF_LOADGEN_IMAGE for the load generator, GPUPROOF_PAUSE_IMAGE for the check pods")
@@ -149,6 +151,7 @@ class Cluster:
         self.auth = k8s.AuthorizationV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.resource = k8s.ResourceV1Api(api)
+        self.nodewatch = None          # the run's watch on its nodes, once started (cluster/nodewatch.py)
 
     @property
     def server(self) -> str:
@@ -353,19 +356,25 @@ class Run:
         """Watch the run's pods until done(cache) returns something truthy; returns it. A pod whose node's
         kubelet stays silent (:data:`KUBELET_SILENCE`), or says it can never start it (:data:`NEVER_STARTS`),
         ends the wait early with :class:`WaitTimeout`."""
+        from .nodewatch import raise_if_node_lost
+
         bound_since: dict[str, float] = {}
         pulls: dict[str, tuple[str, int]] = {}
+        nodes: dict[str, str] = {}
 
         def done_or_silent(cache: dict) -> Any:
             result = done(cache)
             if not result:
+                raise_if_node_lost(self.cluster, cache, nodes, what)      # a node lost mid-run: NodeLost, at once
                 _raise_if_kubelet_silent(cache, bound_since, self.namespace, what)
                 _raise_if_never_starts(cache, self.namespace, what)
                 raise_if_pull_fails(cache, pulls, self.namespace, what)
             return result
 
+        # a lost node changes none of its pods at once: with a node watch running, look every few seconds
+        tick = KUBELET_SILENCE / 4 if getattr(self.cluster, "nodewatch", None) is None else NODE_LOST_TICK
         return watch_until(self.cluster.core.list_namespaced_pod, done_or_silent, timeout, what,
-                           describe=describe or _describe_pods, tick=KUBELET_SILENCE / 4, namespace=self.namespace,
+                           describe=describe or _describe_pods, tick=tick, namespace=self.namespace,
                            label_selector=label_selector)
 
     def wait_pod(self, name: str, condition: Callable[[k8s.V1Pod], bool], timeout: float, what: str) -> k8s.V1Pod:

@@ -8,7 +8,8 @@ list + watch of the pods that carry a label selector, a name -> pod cache, and w
 A waiter's wait ends, as :meth:`Run.wait_pods` does, as soon as its pod can never start: bound to a node whose
 kubelet stays silent (:data:`~gpuproof.cluster.api.KUBELET_SILENCE`), refused by the kubelet for good
 (:data:`~gpuproof.cluster.api.NEVER_STARTS`), or an image that failed to pull
-:data:`~gpuproof.cluster.api.PULL_TRIES` times; and a pod pinned to a node that was cordoned or went away meanwhile.
+:data:`~gpuproof.cluster.api.PULL_TRIES` times; and a pod pinned to a node that was cordoned or went away meanwhile;
+a pod bound or pinned to a node lost during the run ends it with :class:`~gpuproof.errors.NodeLost` within ``tick``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ClusterError, WaitTimeout
+from .nodewatch import raise_if_node_lost
 from .api import _describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, raise_if_pull_fails
 
 
@@ -104,6 +106,7 @@ class PodWatch:
         bound_since: dict[str, float] = {}
         pulls: dict[str, tuple[str, int]] = {}
         looked_at = -float("inf")
+        nodes: dict[str, str] = {}          # the pod's node, kept once seen: a lost node may take the pod with it
         full = f"pod {self.run.namespace}/{name} {what}"
         self._ready.wait(min(timeout, 30.0))
         with self._cond:
@@ -111,6 +114,7 @@ class PodWatch:
                 pod = self.cache.get(name)
                 if self._ready.is_set() and condition(pod):
                     return pod
+                raise_if_node_lost(self.run.cluster, {name: pod} if pod is not None else {}, nodes, full)
                 if pod is not None:
                     one = {name: pod}
                     _raise_if_kubelet_silent(one, bound_since, self.run.namespace, full)

@@ -15,7 +15,8 @@ A suite calls::
 ``work`` must use only session-wide things (``run``, ``target``, ``discovery``: never ``check``), take pod slots from
 ``lane.pods(k)`` around the pods it runs, label its pods with ``lane.labels`` and wait through ``lane`` (one shared
 watch on the run's pods instead of one per pod). It raises :class:`NodeSkip` for a node it cannot judge (no free GPU);
-any other exception reaches the item, as it would have raised there.
+any other exception reaches the item, as it would have raised there. A node lost during the run (cluster/nodewatch.py)
+gets no work started: its item gets :class:`~gpuproof.errors.NodeLost`, and is not judged.
 
 Safety: work starts only when its item's check is selected; a different check's item drains the others' workers
 first (their pods gone), so no two checks compete for GPUs; the end of the session (also -x, Ctrl-C, SIGTERM) stops
@@ -40,7 +41,8 @@ from typing import Any, Callable
 
 import pytest
 
-from ..errors import GpuproofError
+from ..cluster.nodewatch import lost_reason
+from ..errors import GpuproofError, NodeLost
 from ..results import MetricRecord
 
 DEFAULT_PARALLEL = 16
@@ -151,6 +153,9 @@ class Job:
         self.started[node.name] = time.monotonic()
         value, error = None, None
         try:
+            lost = lost_reason(getattr(self.fan.run, "cluster", None), node.name)
+            if lost:                          # gone before its turn came: nothing of it to judge
+                raise NodeLost(node.name, lost)
             value = self.work(node, self.lane)
         except BaseException as exc:          # noqa: BLE001  (handed to the node's own test item)
             error = exc

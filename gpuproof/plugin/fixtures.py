@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -110,13 +110,17 @@ def needs_real_gpus(request, discovery):
 class Checker:
     """Records each check's verdict and fails the test with node, expected and actual."""
 
-    def __init__(self, run_dir: RunDir, feature: str, node=None, known_nodes: dict | None = None):
+    def __init__(self, run_dir: RunDir, feature: str, node=None, known_nodes: dict | None = None,
+                 lost: Callable[[str], str] | None = None):
         self.run_dir = run_dir
         self.feature = feature
         self.node = node
         self.known_nodes = known_nodes or {}
+        self.lost = lost                  # node -> why the run lost it ('' when it did not): cluster/nodewatch.py
         self.failures: list[str] = []
         self.churn_skips: list[str] = []
+        self.not_judged: list[str] = []
+        self.targets: set[str] = set()    # the targets this test wrote a record for
 
     def _target(self, target: str | None) -> tuple[str, str, str]:
         node = self.node if target is None else self.known_nodes.get(target)
@@ -127,6 +131,11 @@ class Checker:
     def record(self, check: str, verdict: str, expected: Any = "", actual: Any = "", message: str = "",
                target: str | None = None) -> CheckRecord:
         tgt, pool, product = self._target(target)
+        why = self.lost(tgt) if self.lost is not None and verdict != "skip" else ""
+        if why:                       # a node lost during the run: what was seen of it is no verdict (issue #41)
+            verdict, message = "skip", f"not judged: {why}"
+            self.not_judged.append(f"not judged: {why} ({tgt}: {check})")
+        self.targets.add(tgt)
         return self.run_dir.add_check(CheckRecord(feature=self.feature, check=check, target=tgt, verdict=verdict,
                                                   expected=expected, actual=actual, message=message, pool=pool,
                                                   product=product))
@@ -147,6 +156,9 @@ class Checker:
             self.record(check, "pass", expected, actual, target=target)
             return True
         tgt = self._target(target)[0]
+        if self.lost is not None and self.lost(tgt):
+            self.record(check, "fail", expected, actual, target=target)      # recorded as not judged
+            return False
         moved = churn.changed() if churn is not None else ""
         if moved:
             msg = f"{tgt}: {what or check}: not judged, {moved} (expected {_show(expected)}, actual {_show(actual)})"
@@ -163,6 +175,8 @@ class Checker:
 
         tgt = self._target(target)[0]
         self.record(check, "warn", expected, actual, f"{tgt}: {message}", target=target)
+        if self.lost is not None and self.lost(tgt):
+            return
         warnings.warn(f"gpuproof: {tgt}: {message}", GpuproofWarning, stacklevel=2)
 
     def skip(self, check: str, reason: str, target: str | None = None):
@@ -173,8 +187,8 @@ class Checker:
     def finish(self) -> None:
         if self.failures:
             pytest.fail("\n".join(self.failures), pytrace=False)
-        if self.churn_skips:
-            raise pytest.skip.Exception("\n".join(self.churn_skips), _use_item_location=True)
+        if self.churn_skips or self.not_judged:
+            raise pytest.skip.Exception("\n".join(self.churn_skips + self.not_judged), _use_item_location=True)
 
 
 class GpuproofWarning(UserWarning):
@@ -195,6 +209,6 @@ def check(request, run_dir):
     node = request.getfixturevalue("gpu_node") if "gpu_node" in request.fixturenames else None
     t = get_target(request.config)
     known = {n.name: n for n in t._discovery.gpu_nodes} if t._discovery is not None else {}
-    checker = Checker(run_dir, feature, node, known)
+    checker = Checker(run_dir, feature, node, known, lost=t.lost_reason)
     request.node._gpuproof_checker = checker
     return checker

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
 import pytest
 
-from ..errors import ApiUnreachable, GpuproofError
+from ..errors import ApiUnreachable, GpuproofError, NodeLost
 from .providers import stop_session
 from .target import REAL_GPU_REASON, get_target, started_target
 from .checks import Pool
@@ -146,15 +147,79 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                 reason="no labelled GPU products in the cluster"))], ids=["none"])
 
 
+def item_nodes(item: pytest.Item) -> list[str]:
+    """The nodes a test is about: its ``gpu_node``, or every node of its ``gpu_pool``."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    node, pool = params.get("gpu_node"), params.get("gpu_pool")
+    nodes = [node] if node is not None else list(getattr(pool, "nodes", None) or [])
+    return [n.name for n in nodes if getattr(n, "name", None)]
+
+
+def lost_under(item: pytest.Item) -> tuple[str, str]:
+    """(node, why) for the first node this test is about that the run lost (deleted, NotReady); ('', '') if none."""
+    t = started_target(item.config)
+    if t is None:
+        return "", ""
+    for name in item_nodes(item):
+        why = t.lost_reason(name)
+        if why:
+            return name, why
+    return "", ""
+
+
+def _not_judged_record(item: pytest.Item, node: str, why: str) -> None:
+    """One skip record for a test on a lost node that wrote none for it (it never ran, or was cut before a verdict)."""
+    checker = getattr(item, "_gpuproof_checker", None)
+    if checker is not None and node in checker.targets:
+        return
+    t = started_target(item.config)
+    if t is None or t._run_dir is None:
+        return
+    from ..results import CheckRecord
+
+    module = getattr(item, "module", None)
+    feature = getattr(module, "FEATURE", (getattr(module, "__name__", "") or "").rsplit(".", 1)[-1]
+                      .removeprefix("test_"))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    n = params.get("gpu_node") or next((x for x in getattr(params.get("gpu_pool"), "nodes", None) or []
+                                         if getattr(x, "name", "") == node), None)
+    check = getattr(item, "originalname", item.name).removeprefix("test_").replace("_", "-")
+    with contextlib.suppress(Exception):          # a record of a skip never fails a run
+        t._run_dir.add_check(CheckRecord(feature=feature, check=check, target=node, verdict="skip",
+                                         message=f"not judged: {why}", pool=getattr(n, "pool", "") or "",
+                                         product=getattr(n, "product", "") or ""))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test on a node lost during the run is not run: it is not judged, with the reason (issue #41 item 4)."""
+    node, why = lost_under(item)
+    if why:
+        _not_judged_record(item, node, why)
+        raise pytest.skip.Exception(f"not judged: {why}", _use_item_location=True)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A check cut by an API server that stopped answering is not judged: its report is a skip naming the wait."""
+    """A check cut by an API server that stopped answering is not judged: its report is a skip naming the wait. So is
+    a check on a node lost during the run (deleted or NotReady before its verdict), whatever it found."""
     report = yield
-    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(ApiUnreachable):
+    where = (str(item.path), (item.location[1] or 0) + 1)
+    if report.failed and call.excinfo is not None and call.excinfo.errisinstance(NodeLost):
+        _not_judged_record(item, call.excinfo.value.node, call.excinfo.value.reason)
+        report.outcome = "skipped"
+        report.longrepr = (*where, f"not judged: {call.excinfo.value}")
+    elif report.failed and call.excinfo is not None and call.excinfo.errisinstance(ApiUnreachable):
         t = get_target(item.config)
         t.cut_short = t.cut_short or f"the API server stopped answering during {item.nodeid}"
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), (item.location[1] or 0) + 1, f"not judged: {call.excinfo.value}")
+        report.longrepr = (*where, f"not judged: {call.excinfo.value}")
+    elif report.when == "call" and not report.skipped:
+        node, why = lost_under(item)
+        if why:                                  # judged on what the run saw of a node that is gone: no verdict
+            _not_judged_record(item, node, why)
+            report.outcome = "skipped"
+            report.longrepr = (*where, f"not judged: {why}")
     return report
 
 

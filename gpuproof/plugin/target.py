@@ -168,10 +168,31 @@ class Target:
             from ..discovery.nodes import discover
 
             cluster = self.connect()
-            self._discovery = discover(cluster.node_dicts(), pool_label=self.config.getoption("--pool-label"),
+            nodes = cluster.node_dicts()
+            self._discovery = discover(nodes, pool_label=self.config.getoption("--pool-label"),
                                        slices=cluster.dra_objects("resourceslices"),
                                        device_classes=cluster.dra_objects("deviceclasses"))
+            if getattr(cluster, "nodewatch", None) is None:
+                from ..cluster.nodewatch import watch_nodes
+
+                # the nodes as this run first saw them: one deleted or turned NotReady from now on is lost
+                watch_nodes(cluster, nodes, say=self._say_lost)
         return self._discovery
+
+    def _say_lost(self, msg: str) -> None:
+        """A node lost, said from the node watch's thread (through the progress plugin, which may speak there)."""
+        # progress.PLUGIN_NAME (progress.py imports this module: named here, not imported)
+        progress = self.config.pluginmanager.get_plugin("gpuproof-progress")
+        if progress is not None and progress.active:
+            progress.say(msg)
+
+    def lost_nodes(self) -> dict[str, str]:
+        """node -> why, for each node the run saw at its start and lost since (deleted, or NotReady)."""
+        watcher = getattr(self.cluster, "nodewatch", None) if self.cluster is not None else None
+        return watcher.loss.snapshot() if watcher is not None else {}
+
+    def lost_reason(self, node: str | None) -> str:
+        return self.lost_nodes().get(node or "", "")
 
     def shared_requests_refused(self, node) -> bool | None:
         """Whether the node's device plugin refuses shared requests > 1 (None: unknown)."""
@@ -231,10 +252,19 @@ class Target:
 
                 if why.startswith(NO_ANSWER):
                     self.cut_short = self.cut_short or "the API server stopped answering at the run's end"
+        lost = self.lost_nodes()
+        watcher = getattr(self.cluster, "nodewatch", None) if self.cluster is not None else None
+        if watcher is not None:
+            watcher.stop()
+        # a node lost mid-run cuts the run short too: its checks are not judged (the outcome names it)
+        cut = "; ".join(x for x in (self.cut_short, *(f"{why} and its checks are not judged"
+                                                      for why in lost.values())) if x)
+        self.cut_short = cut
         if self._run_dir is not None:
             self.write_inventory()
-            self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{self.cut_short}" if self.cut_short
-                                   else outcome)
+            if lost:
+                self._run_dir.meta.extra["lost_nodes"] = lost
+            self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{cut}" if cut else outcome)
         if self.sim is not None:
             try:
                 self.sim.down()

@@ -188,8 +188,14 @@ def benchmark_tables(run: Run) -> list[tuple[str, Table]]:
 def render_summary(run: Run) -> str:
     failed = run.failed
     outcome = run.outcome or ("failed" if failed else "passed")
-    icon = "❌" if failed or outcome == "failed" else ("⚠️" if outcome == "interrupted" else "✅")
+    icon = "❌" if failed or outcome == "failed" else ("⚠️" if outcome == "interrupted" or "cut short" in outcome
+                                                      else "✅")
     lines = [f"## {icon} gpuproof run `{run.run_id}`: {outcome}", ""]
+    lost = (run.meta.get("extra") or {}).get("lost_nodes") or {}
+    if lost:           # nodes deleted or NotReady during the run: their checks are skips 'not judged' (issue #41)
+        lines += [f"> **Nodes lost during the run ({len(lost)}):** "
+                  + "; ".join(f"`{n}`: {why}" for n, why in sorted(lost.items()))
+                  + ". Their checks from then on are not judged (skipped, with the reason).", ""]
     facts = run_facts(run)
     if facts:
         lines += [" · ".join(f"**{k}** {v}" for k, v in facts), ""]
