@@ -575,7 +575,8 @@ def report(rows: list[dict]) -> None:
     print("\nsearches:")
     for r in rounds:
         s = pick(rows, r, "search")
-        print(json.dumps({k: s.get(k) for k in ("start_rps", "capacity_rps", "capacity_completion_rps", "saturation_rps",
+        print(json.dumps({k: s.get(k) for k in ("start_rps", "capacity_rps", "capacity_completion_rps",
+                                                 "saturation_rps",
                                                  "bound_by", "steps", "elapsed_s", "failing_engine_busy",
                                                  "failing_forward_share", "failing_slots_used", "failing_waiting",
                                                  "failing_client_cpu", "capacity_slots_used", "capacity_engine_busy",

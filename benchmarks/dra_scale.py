@@ -81,7 +81,8 @@ def main() -> int:
                                    f"--report-dir={Path(tmp) / 'reports'}"],
                                   cwd=REPO, capture_output=True, text=True)
             out["dra_suite_wall_s"] = round(time.perf_counter() - t0, 2)
-            out["dra_suite_result"] = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-500:]
+            out["dra_suite_result"] = (proc.stdout.strip().splitlines()[-1] if proc.stdout.strip()
+                                       else proc.stderr[-500:])
         finally:
             sim.down()
     print(json.dumps(out, indent=1))

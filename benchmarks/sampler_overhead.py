@@ -9,7 +9,8 @@ Three measurements, all of the real sampler code (no stand-in NVML):
    phase bookkeeping, appends) run in its thread at ``hz`` over the devices NVML reports
    (none without a GPU), CPU time of that thread (``time.thread_time``) per wall second.
 3. ``loop flat out``: the same loop with no wait between ticks for ``--seconds`` / 5
-   (every read kept on the tick: no budget applies), giving the CPU cost of one tick; on a GPU host, also the cost of one device read
+   (every read kept on the tick: no budget applies), giving the CPU cost of one tick; on a GPU host, also the cost
+   of one device read
    (every NVML call the sampler makes for one GPU).
 
 On a GPU host, (1) and (2) include the NVML calls for every GPU; without one they
@@ -141,7 +142,7 @@ def main() -> int:
         "loop_flat_out": run_loop(1e6, max(1.0, args.seconds / 5), budget_pct=float("inf")),
         "device_read": device_read_cost(),
     }
-    a, l, f = out["as_used"], out["loop_at_hz"], out["loop_flat_out"]
+    a, loop, f = out["as_used"], out["loop_at_hz"], out["loop_flat_out"]
     print(f"\n{out['host']}; NVML: {'%d device(s)' % a['devices'] if a['available'] else a['reason']}\n")
     def pct(x):
         return "n/a (no GPU)" if x is None else f"{x:.4f} %"
@@ -152,7 +153,7 @@ def main() -> int:
     print(f"| as used, {args.hz:g} Hz, {args.seconds:g} s | {tick} | {a['overhead_pct_of_core']:.4f} % | "
           f"{pct(a['overhead_pct_of_core_per_gpu'] if a['available'] else None)} | thread started: "
           f"{a['thread_started']}, samples: {a['samples']}; {a['setup_cpu_s'] * 1e3:.1f} ms CPU once to set up |")
-    for label, r in ((f"sampler loop at {args.hz:g} Hz", l), ("sampler loop flat out", f)):
+    for label, r in ((f"sampler loop at {args.hz:g} Hz", loop), ("sampler loop flat out", f)):
         print(f"| {label} over {r['devices']} device(s) | {r['cpu_us_per_tick']:.1f} us | {r['pct_of_core']:.4f} % | "
               f"{pct(r['pct_of_core_per_gpu'])} | {r['ticks']} ticks in {r['wall_s']:.1f} s, "
               f"{r['missed_ticks']} missed |")
@@ -162,8 +163,8 @@ def main() -> int:
         print(f"| one tick's reads of one GPU ({d['device']}) | {d['cpu_us_per_device_read']:.1f} us | | "
               f"{d['cpu_us_per_device_read'] / (1e6 / args.hz) * 100:.4f} % at {args.hz:g} Hz | per read: {reads}; "
               f"one phase-boundary read {d['cpu_us_per_boundary_read']:.1f} us |")
-        if l["moved_to_boundaries"]:
-            print(f"| reads moved to phase boundaries (over budget) | | | | {l['moved_to_boundaries']} |")
+        if loop["moved_to_boundaries"]:
+            print(f"| reads moved to phase boundaries (over budget) | | | | {loop['moved_to_boundaries']} |")
     else:
         print("| one tick's reads of one GPU (NVML calls) | not measurable here: no GPU | | | |")
     c = a["sampler_cost"]

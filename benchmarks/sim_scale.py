@@ -59,7 +59,8 @@ def main() -> int:
             client = connect(str(kubeconfig))
             for n in args.sizes:
                 fleet = fleet_of(n)
-                load_s, _ = timed(lambda: sim.load_fleet(fleet, timeout=600, progress=lambda m: print("   ", m, flush=True)))
+                load_s, _ = timed(lambda: sim.load_fleet(fleet, timeout=600,
+                                                         progress=lambda m: print("   ", m, flush=True)))
                 list_s, nodes = timed(client.node_dicts)
                 cmd = [sys.executable, "-m", "pytest", "suites/test_advertisement.py", "suites/test_labels.py",
                        f"--kubeconfig={kubeconfig}", f"--report-dir={tmp}/reports", "-q", "-p", "no:cacheprovider"]

@@ -1,4 +1,5 @@
-"""``python -m gpuproof.rbac``: prints ``deploy/rbac.yaml``, the RBAC gpuproof needs (pipe it to ``kubectl apply -f -``).
+"""``python -m gpuproof.rbac``: prints ``deploy/rbac.yaml``, the RBAC gpuproof needs (pipe it to
+``kubectl apply -f -``).
 
 A command-line entry kept at its documented name; the rules and the code are :mod:`gpuproof.cluster.rbac`'s.
 """

@@ -124,7 +124,7 @@ def for_test(name: str) -> Path:
         if os.environ.get("GPUPROOF_REQUIRE_TOOLS") == "1":
             pytest.fail(f"{exc} (GPUPROOF_REQUIRE_TOOLS=1 requires it)", pytrace=False)
         raise pytest.skip.Exception(f"{exc}; set GPUPROOF_REQUIRE_TOOLS=1 to make this a failure",
-                                    _use_item_location=True)
+                                    _use_item_location=True) from None
 
 
 def build(names: list[str] | None = None, progress=None, force: bool = False) -> dict[str, Path]:

@@ -16,7 +16,7 @@ Records (benchmark ``census``): per GPU ``matmul_tflops`` and ``d2d_copy_gbps``,
 import pytest
 
 from gpuproof.bench import census, get
-from gpuproof.errors import GpuproofError
+from gpuproof.errors import ApiUnreachable, GpuproofError
 from gpuproof.plugin import bench_checks
 from gpuproof.plugin.checks import free_on
 from gpuproof.plugin.fanout import NodeSkip
@@ -40,6 +40,8 @@ def census_pod(run, target, discovery, node, lane):
             return pool, bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=asked,
                                               resource=resource, image=bench_checks.image(run),
                                               timeout=target.timeout(bench.timeout_s), lane=lane)
+        except ApiUnreachable:      # the API server or the node gone: not judged (the plugin), no pod error
+            raise
         except GpuproofError as exc:
             return pool, {"pod_error": " | ".join(str(exc).splitlines()[:1] + str(exc).splitlines()[-3:])}
 

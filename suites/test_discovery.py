@@ -5,7 +5,8 @@ FEATURE = "discovery"
 
 def test_cluster_has_gpu_nodes(target, discovery, check):
     check.true("gpu-nodes-present", bool(discovery.gpu_nodes), expected="at least 1 GPU node",
-               actual=f"{len(discovery.gpu_nodes)} GPU nodes among {len(discovery.gpu_nodes) + len(discovery.other_nodes)}",
+               actual=f"{len(discovery.gpu_nodes)} GPU nodes among "
+                      f"{len(discovery.gpu_nodes) + len(discovery.other_nodes)}",
                what=f"cluster {target.cluster.name} has no node with nvidia.com/gpu.present=true or an NVIDIA GPU "
                     "resource (is the NVIDIA device plugin / GPU operator installed?)",
                target="cluster")

@@ -19,7 +19,7 @@ import pytest
 from gpuproof.bench import get
 from gpuproof.plugin import bench_checks
 from gpuproof.bench.health import extra_args_from_env, record_checks
-from gpuproof.errors import GpuproofError
+from gpuproof.errors import ApiUnreachable, GpuproofError
 from gpuproof.plugin.checks import free_on
 from gpuproof.plugin.fanout import NodeSkip
 
@@ -39,6 +39,8 @@ def health_pod(run, target, discovery, node, lane):
             result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
                                           resource=resource, image=bench_checks.image(run),
                                           timeout=target.timeout(bench.timeout_s), lane=lane)
+        except ApiUnreachable:      # the API server or the node gone: not judged (the plugin), no pod error
+            raise
         except GpuproofError as exc:
             return {"pod_error": str(exc), "asked": f"{resource} x {min(gpus, free)}"}
     return result

@@ -161,5 +161,6 @@ def test_inventory_entry(gpu_node, check):
     """Record the node's GPU inventory (product, count, memory, versions, strategies)."""
     n = gpu_node
     check.record("inventory", "pass", actual={
-        "scheme": n.scheme, "sources": n.sources, "product": n.product, "count": n.count_label, "memory_mib": n.memory_mib, "driver": n.driver_version,
+        "scheme": n.scheme, "sources": n.sources, "product": n.product, "count": n.count_label,
+        "memory_mib": n.memory_mib, "driver": n.driver_version,
         "cuda": n.cuda_version, "sharing": n.sharing_strategy, "replicas": n.replicas, "mig": n.mig_strategy})

@@ -43,7 +43,8 @@ def test_mig_manager_applied_config(gpu_node, check):
     config = n.label(MIG_CONFIG) or ""
     if config == "all-disabled":
         advertised = sorted(n.mig_resources) + ([n.single_mig_profile] if n.single_mig_profile else [])
-        check.equal("mig-config-matches", [], advertised, what=f"MIG devices advertised under {MIG_CONFIG}=all-disabled")
+        check.equal("mig-config-matches", [], advertised,
+                    what=f"MIG devices advertised under {MIG_CONFIG}=all-disabled")
     elif m := re.match(r"^all-(\d+g\.\d+gb)$", config):
         profile = m.group(1)
         advertised = sorted(p for p, c in n.mig_resources.items() if c > 0) or \

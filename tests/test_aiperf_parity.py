@@ -109,7 +109,8 @@ def test_both_clients_report_the_stubs_delays_and_tokens(gpuproof_steps, aiperf_
     ours, theirs = under, aiperf_runs["under"]
     assert ours["ok"] == ours["requests"] == UNDER_N and theirs["requests"] == UNDER_N and theirs["errors"] == 0
     keys = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "mean_output_tokens")
-    print(f"\nunder capacity: gpuproof {[round(ours[k], 2) for k in keys]}, aiperf {[round(theirs[k], 2) for k in keys]}")
+    print(f"\nunder capacity: gpuproof {[round(ours[k], 2) for k in keys]}, "
+          f"aiperf {[round(theirs[k], 2) for k in keys]}")
     check_known_delays("gpuproof", ours)
     check_known_delays("aiperf", theirs)
     assert ours["keeps_pace"] is True and ours["slo_met"] is True

@@ -13,7 +13,7 @@ LABELS = {"gpuproof.dev/run": "r1"}
 def test_registry():
     assert names()[:4] == ["probe", "matmul", "allreduce", "inference"]
     assert "hbm" in names()  # gpuproof/bench/hbm.py, imported by gpuproof.bench
-    for name, cls in REGISTRY.items():
+    for name in REGISTRY:
         b = get(name)
         assert b.name == name and b.script and b.description and b.ci_params is not None
     with pytest.raises(GpuproofError, match="unknown benchmark"):

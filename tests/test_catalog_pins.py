@@ -38,7 +38,8 @@ FAMILY = "GPU Feature Discovery's nvidia.com/gpu.family per compute capability (
 MIG_GUIDE = "NVIDIA MIG user guide, 'Supported MIG Profiles' (docs.nvidia.com/datacenter/tesla/mig-user-guide)"
 SMI = "nvidia-smi totals listed in modal-labs/modal-client PR #2797 (H100, A100 80/40, A10, L40S, L4, T4)"
 GKE = "GKE accelerator names (cloud.google.com/kubernetes-engine/docs/how-to/gpus)"
-KARPENTER = "EC2 DescribeInstanceTypes GpuInfo names, lower-cased by Karpenter (karpenter.sh/docs/reference/instance-types)"
+KARPENTER = ("EC2 DescribeInstanceTypes GpuInfo names, lower-cased by Karpenter "
+             "(karpenter.sh/docs/reference/instance-types)")
 
 # ---------------------------------------------------------------------------- MIG profiles (profile -> per GPU)
 

@@ -154,7 +154,8 @@ def test_a_throttled_api_server_slows_a_request_down_and_does_not_fail_it(tmp_pa
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
-            body = json.dumps({"major": "1", "minor": "34", "gitVersion": "v1.34.0", "buildDate": "2025-08-27T00:00:00Z",
+            body = json.dumps({"major": "1", "minor": "34", "gitVersion": "v1.34.0",
+                               "buildDate": "2025-08-27T00:00:00Z",
                                "compiler": "gc", "gitCommit": "0", "gitTreeState": "clean", "goVersion": "go1.24",
                                "platform": "linux/amd64"}).encode()
             self.send_response(200)

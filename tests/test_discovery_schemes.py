@@ -17,7 +17,8 @@ def node(name, labels, capacity=None, taints=(), ready="True", unschedulable=Fal
     res = {"cpu": "8", "memory": "32Gi", **(capacity or {})}
     conds = [{"type": "Ready", "status": ready, "reason": "KubeletReady" if ready == "True" else "KubeletNotReady"},
              *({"type": t, "status": s} for t, s in conditions)]
-    return {"metadata": {"name": name, "labels": labels}, "spec": {"taints": list(taints), "unschedulable": unschedulable},
+    return {"metadata": {"name": name, "labels": labels},
+            "spec": {"taints": list(taints), "unschedulable": unschedulable},
             "status": {"capacity": res, "allocatable": res, "conditions": conds,
                        "nodeInfo": {"kubeletVersion": "v1.33.5", "containerRuntimeVersion": "containerd://1.7.27",
                                     "kernelVersion": "6.6.97", "osImage": "Container-Optimized OS"}}}
@@ -142,7 +143,8 @@ def test_catalog_covers_the_products_platform_teams_run():
 def test_inventory_records_versions_and_stack_images():
     from gpuproof.discovery.inventory import snapshot_from_nodes
 
-    pods = [{"metadata": {"name": "nvidia-device-plugin-daemonset-x7k2p", "labels": {"app": "nvidia-device-plugin-daemonset"}},
+    pods = [{"metadata": {"name": "nvidia-device-plugin-daemonset-x7k2p",
+                          "labels": {"app": "nvidia-device-plugin-daemonset"}},
              "spec": {"nodeName": "worker-gpu-0.ocp.example.com",
                       "containers": [{"image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.2"}]}}]
     inv = snapshot_from_nodes([OPENSHIFT_A100], pods=pods)

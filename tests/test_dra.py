@@ -234,10 +234,12 @@ def _classes(*names: str) -> dict:
     return fleet
 
 
-ATTRS = ("every device agrees (architecture vs nvidia.com/gpu.family; cudaComputeCapability vs nvidia.com/gpu.compute.*; "
-         "driverVersion vs nvidia.com/cuda.driver-version.full; memory vs nvidia.com/gpu.memory; productName vs "
+ATTRS = ("every device agrees (architecture vs nvidia.com/gpu.family; "
+         "cudaComputeCapability vs nvidia.com/gpu.compute.*; driverVersion vs nvidia.com/cuda.driver-version.full; "
+         "memory vs nvidia.com/gpu.memory; productName vs "
          "nvidia.com/gpu.product)")
-PCIE = "productName 'NVIDIA H100 PCIe' (as a label 'NVIDIA-H100-PCIe') != nvidia.com/gpu.product 'NVIDIA-H100-80GB-HBM3'"
+PCIE = ("productName 'NVIDIA H100 PCIe' (as a label 'NVIDIA-H100-PCIe') != "
+        "nvidia.com/gpu.product 'NVIDIA-H100-80GB-HBM3'")
 MIGS = '"mig:1g.10gb": 4, "mig:2g.20gb": {}, "mig:3g.40gb": 2'
 
 

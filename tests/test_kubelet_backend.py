@@ -6,7 +6,6 @@ the owner is SIGKILLed."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

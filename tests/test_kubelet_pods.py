@@ -92,7 +92,7 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
             "; ".join(f"{r['check']}: {r['message'] if r['check'] == 'health-pod' else r['message'][:120]}"
                       for r in failed)
         assert actual in str(hits[0]["actual"]) and hits[0]["expected"], hits[0]
-        assert f"a100-0: GPU {gpu} ({ids[gpu]}): {item}" in proc.stdout, f"the failure line names node and GPU"
+        assert f"a100-0: GPU {gpu} ({ids[gpu]}): {item}" in proc.stdout, "the failure line names node and GPU"
     assert not [r for r in failed if f"GPU 3 ({ids[3]})" in r["message"]], "GPU 3 has no fault"
 
 
@@ -101,7 +101,8 @@ def test_health_pod_catches_the_faults_nvidia_mock_injects(tmp_path):
 @needs_kubelet
 def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
     """``gpuproof run --fleet lab --quick-bench``: the whole suite passes, and on the kubelet nodes the checks that
-    skip on kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID,
+    skip on kwok nodes run and pass: health in a pod on every kubelet GPU node, the time-sliced GPU's pods seeing one
+    UUID,
     NVIDIA's device plugin refusing a pod 2 of them (its own Allocate, over the pool's config file), its pods
     Ready, the claim's GPU seen in the pod (NVIDIA's DRA driver), and every benchmark through its pod path (probe,
     matmul, HBM, all-reduce in one pod and as an indexed Job over 2 nodes, inference Deployment + Service with

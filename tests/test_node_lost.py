@@ -81,6 +81,37 @@ def test_a_pod_wait_names_the_lost_node_its_pod_is_bound_or_pinned_to_even_once_
     raise_if_node_lost(object(), {"p": _pod("p", bound="a")}, {}, "x")  # no node watch: nothing to say
 
 
+@pytest.mark.parametrize("suite, work", [("test_health", "health_pod"), ("test_census", "census_pod")])
+def test_a_node_lost_under_a_health_or_census_pod_is_no_pod_error(monkeypatch, suite, work):
+    """The health and census pods turn a pod's errors into a failed check ('pod_error'); a NodeLost (an
+    ApiUnreachable) goes through to the plugin instead, which makes the node's check a skip 'not judged'."""
+    import contextlib
+    import importlib
+    from types import SimpleNamespace
+
+    mod = importlib.import_module(f"gpuproof.suites.{suite}")
+
+    class Bench:
+        timeout_s = 60
+
+        def params(self, *args, **kwargs):
+            return {}
+
+        def run_in_cluster(self, *args, **kwargs):
+            raise NodeLost("h100-1", "node h100-1 was deleted during the run (at 10:00:05Z)", "pod p to finish")
+
+    monkeypatch.setattr(mod.bench_checks, "node_gpus", lambda discovery, name, all_gpus: ("nvidia.com/gpu", 8))
+    monkeypatch.setattr(mod.bench_checks, "device", lambda run: "cpu")
+    monkeypatch.setattr(mod.bench_checks, "image", lambda run: "img")
+    monkeypatch.setattr(mod, "free_on", lambda cluster, node, resource: 8)
+    monkeypatch.setattr(mod, "get", lambda name: Bench())
+    target = SimpleNamespace(cluster=None, timeout=lambda s: s)
+    lane = SimpleNamespace(pods=lambda n: contextlib.nullcontext())
+    node = SimpleNamespace(name="h100-1", product="NVIDIA-H100-80GB-HBM3")
+    with pytest.raises(NodeLost, match="node h100-1 was deleted during the run"):
+        getattr(mod, work)(None, target, None, node, lane)
+
+
 # ------------------------------------------------------------------------------ the plugin
 
 

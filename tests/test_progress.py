@@ -28,7 +28,8 @@ PULLED = ('Successfully pulled image "nvcr.io/nvidia/pytorch:24.05-py3" in 1m2.5
 
 def test_pod_waiting_for_a_node_is_reported_at_doubling_intervals_then_how_it_ended():
     b = Board(after=10)
-    assert b.pod(PodView("share-extra", unschedulable="0/6 nodes are available: 1 Insufficient nvidia.com/gpu."), 0) == []
+    waiting = PodView("share-extra", unschedulable="0/6 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    assert b.pod(waiting, 0) == []
     assert b.tick(9.9) == []
     first = b.tick(10)
     assert first == ["pod share-extra waiting for a node (10s): 0/6 nodes are available: 1 Insufficient "

@@ -111,7 +111,7 @@ def run_suite_function(tmp_path, monkeypatch, name: str, function: str, pool: Po
     monkeypatch.setattr(module, "probe_on", probe_on)
     monkeypatch.setattr(module, "free_on", lambda cluster, n, resource: n.allocatable_of(resource), raising=False)
     run_dir = RunDir(tmp_path / "run")
-    checker = Checker(run_dir, getattr(module, "FEATURE"), known_nodes={n.name: n for n in pool.nodes})
+    checker = Checker(run_dir, module.FEATURE, known_nodes={n.name: n for n in pool.nodes})
     target = SimpleNamespace(cluster=None)         # probe_on and free_on are the only ones to use it
     kwargs = {"fanout": INLINE, "request": SimpleNamespace(node=None)} if name == "timeslicing" else {}
     getattr(module, function)(gpu_pool=pool, run=None, target=target, check=checker, needs_real_gpus=None, **kwargs)

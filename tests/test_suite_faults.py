@@ -117,7 +117,8 @@ CASES = {
     "no-gpu-nodes": (cpu_only(), ["test_discovery.py"], [],
                      [("gpu-nodes-present", "cluster", "at least 1 GPU node", "0 GPU nodes among 2")]),
     "pod-limit-below-free-gpus": (       # the nodes' pod limits, not their GPUs, decide where pods go
-        with_faults(mixed, ("a100", {"setAllocatable": {"pods": "0"}}), ("l4-shared", {"setAllocatable": {"pods": "2"}}),
+        with_faults(mixed, ("a100", {"setAllocatable": {"pods": "0"}}),
+                    ("l4-shared", {"setAllocatable": {"pods": "2"}}),
                     ("a100-mig-single", {"setAllocatable": {"pods": "2"}})),
         ["test_affinity.py"], ["-k", "preferred or memory"],
         [("preferred-while-room", "product/NVIDIA-L4-SHARED", '["NVIDIA-L4-SHARED", "NVIDIA-L4-SHARED", '

@@ -258,7 +258,7 @@ def test_a_group_runs_in_one_worker_under_xdist(project):
     result.assert_outcomes(passed=18)
     ran = re.findall(r"^\[(gw\d)\] .*PASSED .*::(test_\w+?)_\d(@\S+)?\s*$", result.stdout.str(), re.M)
     workers = {}
-    for worker, test, group in ran:
+    for worker, test, _group in ran:
         workers.setdefault(test, set()).add(worker)
     assert {test: len(ids) for test, ids in workers.items()} == {"test_kubelet": 1, "test_shares": 1,
                                                                   "test_anywhere": 2}, ran

@@ -145,7 +145,8 @@ def test_every_set_on_an_nvswitch_node_passes(probe, visible, numbers):
 def test_a_bridged_pair_passes(probe):
     result = probe("h100-bridged", (0, 1))
     (pair,) = result["topology"]["pairs"]
-    assert (pair["direct"], pair["through_nvswitch"], pair["p2p_nvlink"], pair["common_ancestor"]) == (4, 0, "OK", "PIX")
+    assert (pair["direct"], pair["through_nvswitch"], pair["p2p_nvlink"],
+            pair["common_ancestor"]) == (4, 0, "OK", "PIX")
     v = nvlink_set(result, "h100-0")
     assert (v.verdict, v.expected, v.actual) == ("pass", "GPUs 0,1 share NVLink", "every pair of GPUs 0,1 linked (NV4)")
 

@@ -88,7 +88,6 @@ def bench_kernel(kernel: str, nbytes: int, device: str, args, sampler) -> dict:
     else:
         ref = float(src.double().sum())
         row["check_ok"] = abs(float(out) - ref) <= 1e-3 * max(1.0, float(src.double().abs().sum()))
-    del src
     return row
 
 

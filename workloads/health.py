@@ -199,7 +199,8 @@ def evaluate_gpu(reading: dict, thresholds: dict | None = None) -> list[dict]:
     ctx = {"gpu": r.get("index"), "uuid": r.get("uuid")}
     out = [
         _reachable_item(r, ctx),
-        _xid_items("xid_during_run", r.get("xid_events") or [], r, "xid_events", t, ctx, "during the run (NVML events)"),
+        _xid_items("xid_during_run", r.get("xid_events") or [], r, "xid_events", t, ctx,
+                   "during the run (NVML events)"),
         _xid_items("xid_since_boot", r.get("xid_log") or [], r, "xid_log", t, ctx, "in the kernel log since boot"),
     ]
     # ECC
@@ -439,7 +440,7 @@ def _throttle_item(r: dict, t: dict, ctx: dict) -> dict:
 
 def _pcie_items(r: dict, t: dict, ctx: dict) -> list[dict]:
     out = []
-    for what, unit_word, key_min in (("gen", "generation", "pcie_min_gen"), ("width", "lanes", "pcie_min_width")):
+    for what, _unit_word, key_min in (("gen", "generation", "pcie_min_gen"), ("width", "lanes", "pcie_min_width")):
         name = f"pcie_link_{what}"
         want = t[key_min] if t[key_min] is not None else r.get(f"pcie_max_{what}")
         loaded, idle = r.get(f"pcie_{what}_load"), r.get(f"pcie_{what}_idle")
@@ -472,7 +473,7 @@ def _nvlink_item(r: dict, t: dict, ctx: dict) -> dict:
     if not links:
         return item("nvlink_links", "unavailable", threshold=f"<= {limit} down",
                     reason="this GPU reports no NVLink links", unit="links", **ctx)
-    down = [l["link"] for l in links if not l.get("active")]
+    down = [link["link"] for link in links if not link.get("active")]
     up = len(links) - len(down)
     if len(down) > limit:
         hint = ("; every link is down: no NVLink fabric (NVSwitch fabric manager not running, or one GPU passed "
@@ -1092,7 +1093,7 @@ def matmul_burst(devices: list[str], seconds: float, size: int) -> dict:
     t0 = time.monotonic()
     deadline = t0 + seconds
     while True:
-        for d, a, b, c in ops:
+        for _dev, a, b, c in ops:
             for _ in range(per_round):
                 torch.matmul(a, b, out=c)
         for d, *_ in ops:
@@ -1195,7 +1196,7 @@ def build_parser():
     p.add_argument("--no-kernel-log", action="store_true", help="do not try to read XIDs from the kernel log")
     p.add_argument("--no-p2p", action="store_true", help="skip the GPU-to-GPU copy matrix")
     g = p.add_argument_group("thresholds (see workloads/README.md)")
-    for name, (default, kind, text) in THRESHOLDS.items():
+    for name, (default, _kind, text) in THRESHOLDS.items():
         g.add_argument(f"--{name.replace('_', '-')}", dest=f"t_{name}", default=None, metavar="V",
                        help=f"{text} (default {default if default is not None else 'the maximum'})")
     return p

@@ -323,7 +323,8 @@ def classify(step: dict, threshold: float) -> tuple[str, str]:
                           f"{step.get('starved_fraction') or 0:.0%} waited for a free user) while the server "
                           f"was {'busy ' + format(busy, '.0%') + ', ' + fullness if srv else 'not reporting'}")
     if step.get("keeps_pace") is False:
-        return "server", (f"completions fell behind the sends ({step['completion_rps']:.3g} < {step['offered_rps']:.3g} "
+        return "server", (f"completions fell behind the sends "
+                          f"({step['completion_rps']:.3g} < {step['offered_rps']:.3g} "
                           f"req/s) with the client on schedule; {fullness}")
     if not srv and not room:
         return "server", "SLO missed with the client on schedule; the endpoint reports no metrics"

@@ -31,8 +31,8 @@ requests waiting beyond its batch slots where it reports them), at least
 and no more than ``--max-error-rate`` failed. A step whose completions fall behind its sends
 is overloaded even with no errors and every SLO met inside it. Why the second half: by then
 the first answers are back, so a server that keeps up holds a steady number of requests in
-flight while one that cannot lets them pile up by (offered - served) per second. For that the step must last several times the
-server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
+flight while one that cannot lets them pile up by (offered - served) per second. For that the step must last several
+times the server's latency: it sends for ``--step-s`` or ``PACE_FACTOR`` (4) times the longest median
 latency of the earlier steps that kept pace, whichever is longer, and in a search long enough
 for that half to hold ``--pace-answers`` (40) answers at the offered rate, so that the two
 answers at its edges are within the search's 5% (``step_s_rule`` says which rule set it); a step
@@ -1123,7 +1123,7 @@ def start_epoch_from(path: str, timeout: float) -> float:
         except FileNotFoundError:
             pass
         except ValueError:
-            raise SystemExit(f"loadgen: --start-epoch-file {path}: {text!r} is not a Unix time")
+            raise SystemExit(f"loadgen: --start-epoch-file {path}: {text!r} is not a Unix time") from None
         if time.monotonic() >= deadline:
             raise SystemExit(f"loadgen: no start time in --start-epoch-file {path} after {timeout:.0f} s")
         time.sleep(0.01)

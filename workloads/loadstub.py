@@ -102,7 +102,8 @@ class Stub:
         wall = time.perf_counter() - self.t0
         cpu = _cpu_s() - self.cpu0
         return {"requests": self.requests, "answered": self.answered, "connections": self.connections,
-                "wall_s": wall, "cpu_s": cpu, "cpu_per_request_us": cpu / self.requests * 1e6 if self.requests else None,
+                "wall_s": wall, "cpu_s": cpu,
+                "cpu_per_request_us": cpu / self.requests * 1e6 if self.requests else None,
                 "ttft_ms": self.ttft_s * 1e3, "token_gap_ms": self.token_gap_s * 1e3,
                 "service_rps": 1.0 / self.service_s if self.service_s else None}
 
@@ -246,7 +247,7 @@ async def serve(args) -> dict:
         server = await loop.create_server(lambda: Conn(stub), args.host, args.port, backlog=1024)
     except OSError as exc:
         raise SystemExit(common.fail_usage(f"cannot listen on {args.host}:{args.port}: port {args.port} is "
-                                           f"already in use" if exc.errno == 98 else f"cannot listen: {exc}"))
+                                           f"already in use" if exc.errno == 98 else f"cannot listen: {exc}")) from exc
     port = server.sockets[0].getsockname()[1]
     if args.port_file:
         with open(args.port_file + ".tmp", "w") as f:

@@ -192,7 +192,7 @@ class InferenceUser(FastHttpUser):
         if not 200 <= code < 300:
             rec["error"] = f"HTTP {code}"
             try:
-                resp.content  # read and drop the error body so the connection can be reused
+                _ = resp.content  # read and drop the error body so the connection can be reused
             except Exception:
                 pass
             return

@@ -2,7 +2,8 @@
 
 The files in this folder are shipped into pods as one ConfigMap and run with a stock
 PyTorch image, so nothing here may import the ``gpuproof`` package. Sibling modules
-import each other by plain name (hence the unusual, clash-free module names): the folder of the running script is on ``sys.path``.
+import each other by plain name (hence the unusual, clash-free module names): the folder of the running script is on
+``sys.path``.
 
 Conventions every workload follows:
 

@@ -100,8 +100,8 @@ class Matmul(Benchmark):
             recs += [
                 self.record("tflops", r["tflops"], "TFLOPS", p, node, product),
                 self.record("median_ms", r["median_ms"], "ms", p, node, product),
-                self.record("ratio_to_peak", r.get("ratio_to_peak"), "ratio", {**p, "peak_tflops": r.get("peak_tflops")},
-                            node, product),
+                self.record("ratio_to_peak", r.get("ratio_to_peak"), "ratio",
+                            {**p, "peak_tflops": r.get("peak_tflops")}, node, product),
                 self.record("sm_clock_mhz_mean", r.get("sm_clock_mhz_mean"), "MHz", p, node, product),
                 self.record("throttled_fraction", r.get("throttled_fraction"), "ratio", p, node, product),
                 # TFLOPS / (peak x mean SM clock / max SM clock): absent on the CPU (no clocks)

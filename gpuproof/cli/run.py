@@ -140,7 +140,7 @@ def _run(args) -> int:
         if write_all is not None:
             try:
                 write_all(run_path)
-            except Exception as exc:          # the records stay; only their rendering failed: say so, keep pytest's code
+            except Exception as exc:  # the records stay; only their rendering failed: say so, keep pytest's code
                 print(f"gpuproof: could not render the report of {run_path}: {type(exc).__name__}: {exc} "
                       f"(checks.jsonl, metrics.jsonl and junit.xml are there; `gpuproof report html {run_path}` "
                       "tries again)", file=sys.stderr)

@@ -250,7 +250,8 @@ def manifest(spec: Spec | None = None) -> str:
     spec = spec or load()
     by_rule = {json.dumps(r.policy_rule(), sort_keys=True): r for r in spec.rules}
     sizes = ", ".join(f"{r.name} {len(spec.role_rules(r.name))}" for r in spec.roles)
-    lines = [f"# Generated from gpuproof/cluster/rbac.yaml by `{GENERATE} > deploy/rbac.yaml`: edit that file, not this one.",
+    lines = [f"# Generated from gpuproof/cluster/rbac.yaml by `{GENERATE} > deploy/rbac.yaml`: "
+             "edit that file, not this one.",
              "#",
              f"# What gpuproof needs in a cluster, least privilege. Each role is a ServiceAccount in {spec.namespace}",
              "# with a ClusterRole (cluster-wide rules) and a Role (the run lease's rules) of the same name:"]
@@ -373,7 +374,8 @@ def preflight(cluster, needs: Iterable[str], read_only: bool = False, spec: Spec
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=GENERATE, description="Print deploy/rbac.yaml (the RBAC gpuproof needs), "
                                 "made from gpuproof/cluster/rbac.yaml; pipe it to `kubectl apply -f -`.")
-    p.add_argument("--rules", metavar="FILE", default=None, help="rules file (default: the shipped gpuproof/cluster/rbac.yaml)")
+    p.add_argument("--rules", metavar="FILE", default=None,
+                   help="rules file (default: the shipped gpuproof/cluster/rbac.yaml)")
     args = p.parse_args(argv)
     try:
         sys.stdout.write(manifest(load(args.rules)))

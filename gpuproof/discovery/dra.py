@@ -391,7 +391,7 @@ def describe_allocation(claims: list[dict], devices: dict[tuple[str, str], Devic
         if not got:
             parts.append(f"claim {name}: not allocated")
             continue
-        for drv, pool, dev in got:
+        for _driver, pool, dev in got:
             d = devices.get((pool, dev))
             extra = f" ({d.attributes.get('productName')}{', ' + d.profile if d.profile else ''})" if d else ""
             parts.append(f"claim {name}: {pool}/{dev}{extra}")

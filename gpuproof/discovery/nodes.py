@@ -36,7 +36,7 @@ from .values import as_int
 # the words discovery shares with the embedded cluster (re-exported: the suites import them from here)
 from ..vocab import (AKS_ACCELERATOR, GKE_ACCELERATOR, GKE_MAX_CLIENTS, GKE_PARTITION, GKE_SHARING, GPU, GPU_SHARED,
                      INSTANCE_TYPE, KARPENTER_GPU_COUNT, KARPENTER_GPU_MAKER, KARPENTER_GPU_MEMORY,
-                     KARPENTER_GPU_NAME, KWOK_ANNOTATION, LABELS_BY, OPERATOR_COMPONENT_APPS, RESOURCES_BY,
+                     KARPENTER_GPU_NAME, KWOK_ANNOTATION, LABELS_BY, RESOURCES_BY,
                      SIMULATED, SLICES_BY)
 
 MADE_BY = {"labels": LABELS_BY, "resources": RESOURCES_BY, "slices": SLICES_BY}

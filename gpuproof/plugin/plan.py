@@ -280,8 +280,8 @@ def _from_manifest(m: dict) -> dict:
         sel = pod_spec.get("nodeSelector") or {}
         host = sel.get("kubernetes.io/hostname")
         obj["node"] = host
-        obj["placement"] = f"pinned to {host}" if host else (
-            "nodeSelector " + ", ".join(f"{k}={v}" for k, v in sorted(sel.items())) if sel else "the scheduler's choice")
+        selector = "nodeSelector " + ", ".join(f"{k}={v}" for k, v in sorted(sel.items())) if sel else ""
+        obj["placement"] = f"pinned to {host}" if host else (selector or "the scheduler's choice")
         images = sorted({c.get("image") for c in pod_spec.get("containers") or [] if c.get("image")})
         if images:
             obj["image"] = ", ".join(images)

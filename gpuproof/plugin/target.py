@@ -149,7 +149,7 @@ class Target:
             run.workload_image = self.lent_image()
             run.quick_bench = bool(self.config.getoption("quick_bench", False))
             self._run = run          # set before create so a half-made run is still cleaned up
-            self.run_dir             # a run that touches the cluster always leaves its record
+            _ = self.run_dir         # a run that touches the cluster always leaves its record
             run.create(progress=self.progress, timeout=self.timeout(60))
         return self._run
 

@@ -482,7 +482,8 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     custom = client.custom
     for plural in ("resourceslices", "deviceclasses"):
         with contextlib.suppress(ApiException):
-            custom.delete_collection_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural, label_selector=f"{SIM_DRA_LABEL}=true")
+            custom.delete_collection_cluster_custom_object(DRA_GROUP, DRA_VERSION, plural,
+                                                           label_selector=f"{SIM_DRA_LABEL}=true")
     dradriver.delete_all(client)
     pools = [p for p in fleet.pools if p.dra]
     if not pools:

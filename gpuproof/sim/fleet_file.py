@@ -216,7 +216,8 @@ def _parse_fault(f: _Fields) -> Fault:
         if not gpu.isdigit():
             f.fail(f"nvmlFailures.{gpu}", "keys are GPU indexes (0, 1, ...)")
         if mode not in NVML_FAILURES:
-            f.fail(f"nvmlFailures.{gpu}", f"{mode!r} is not one of the mock's failure modes: {', '.join(NVML_FAILURES)}")
+            f.fail(f"nvmlFailures.{gpu}",
+                   f"{mode!r} is not one of the mock's failure modes: {', '.join(NVML_FAILURES)}")
         fault.nvml_failures[int(gpu)] = mode
     for i, cmd in enumerate(f.str_list("nvmlCtl")):
         word = cmd.split()[0] if cmd.split() else ""

@@ -71,7 +71,7 @@ def _layer(files: dict[str, tuple[bytes, int]], links: dict[str, str]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({str(Path(p).parent.relative_to("/")) for p in [*files, *links]} - {"."})
-        for d in sorted({str(Path(*Path(d).parts[:i + 1])) for d in dirs for i in range(len(Path(d).parts))}):
+        for d in sorted({str(Path(*Path(x).parts[:i + 1])) for x in dirs for i in range(len(Path(x).parts))}):
             info = tarfile.TarInfo(d)
             info.type, info.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(info)
@@ -207,7 +207,8 @@ def workloads_image(sw) -> tuple[Path, str]:
     files = {f"{lib}/{mock.name}": (mock.read_bytes(), 0o755), "/etc/passwd": (PASSWD, 0o644),
              "/etc/group": (GROUP, 0o644), "/tmp/.keep": (b"", 0o644), "/usr/lib64/.keep": (b"", 0o644),
              "/usr/lib/x86_64-linux-gnu/.keep": (b"", 0o644), f"{HOST_USR}/.keep": (b"", 0o644)}
-    links = {**WORKLOADS_ROOTFS_LINKS, f"{lib}/libnvidia-ml.so.1": mock.name, f"{lib}/libnvidia-ml.so": "libnvidia-ml.so.1"}
+    links = {**WORKLOADS_ROOTFS_LINKS, f"{lib}/libnvidia-ml.so.1": mock.name,
+             f"{lib}/libnvidia-ml.so": "libnvidia-ml.so.1"}
     config = {"Env": [f"LD_LIBRARY_PATH={lib}", "HOME=/tmp", "PATH=/usr/local/bin:/usr/bin:/bin"]}
     return write_oci(tar, name, _layer(files, links), config), name
 

@@ -241,7 +241,8 @@ def cni_config(node: Node) -> dict:
 def kubelet_config(node: Node, state: State, ca: Path) -> dict:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{state.cgroup}/{node.name}", "failSwapOn": False,
+        "cgroupDriver": "cgroupfs", "failCgroupV1": False, "cgroupRoot": f"/{state.cgroup}/{node.name}",
+        "failSwapOn": False,
         "containerRuntimeEndpoint": "unix:///run/containerd/containerd.sock",
         "address": node.ip(state.subnet), "port": 10250, "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
@@ -434,7 +435,8 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     sock = run / "containerd" / "containerd.sock"
     containerd = _spawn(root / "logs" / "containerd.log", join,
                         "nsenter", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
-                        "sh", str(var_lib), str(run), str(var_log), str(runtime / "containerd") if runtime else "containerd",
+                        "sh", str(var_lib), str(run), str(var_log),
+                        str(runtime / "containerd") if runtime else "containerd",
                         "--config", str(etc / "containerd.toml"))
     state.pids[f"{n.name}/containerd"] = containerd.pid
     # inside the node's mount namespace: the host path of the socket may pass the 108-byte limit of a unix address
@@ -618,7 +620,8 @@ def gfd_rbac() -> list[dict]:
     """GFD's service account and role, as NVIDIA's chart writes them (``role.yml``, ``role-binding.yml``)."""
     role = f"{GFD_ACCOUNT}-role"
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": GFD_ACCOUNT, "namespace": PLUGIN_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": GFD_ACCOUNT, "namespace": PLUGIN_NAMESPACE}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": role}, "rules": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": ["nfd.k8s-sigs.io"], "resources": ["nodefeatures"],

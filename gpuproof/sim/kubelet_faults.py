@@ -56,7 +56,8 @@ def tell_crashed(client, namespace: str, nodes: set[str], progress: Progress) ->
 
 
 def _plugin_pods(client, namespace: str) -> list:
-    return client.core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/name={DEVICE_PLUGIN_APP}").items
+    return client.core.list_namespaced_pod(namespace,
+                                           label_selector=f"app.kubernetes.io/name={DEVICE_PLUGIN_APP}").items
 
 
 def _exited(pod) -> bool:

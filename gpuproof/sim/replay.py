@@ -30,6 +30,8 @@ import json
 import re
 from pathlib import Path
 
+from .fleet import REPLAY_NODE_LABEL
+
 RECORDINGS = Path(__file__).parent / "recordings"
 INDEX = RECORDINGS / "index.json"
 ANNOTATION_VALUE = "replay"
@@ -100,7 +102,7 @@ def node_endpoint(node: dict, port: int) -> dict:
     return node
 
 
-from .fleet import REPLAY_NODE_LABEL as NODE_LABEL     # on replay nodes: where the device plugin's stand-in goes
+NODE_LABEL = REPLAY_NODE_LABEL     # on replay nodes: where the device plugin's stand-in goes
 NAMESPACE = "nvidia-device-plugin-replay"    # not gpuproof-<run id>: a run's own namespace
 PLUGIN_APP = "nvidia-device-plugin"
 PAUSE = "registry.k8s.io/pause:3.10"

@@ -47,13 +47,13 @@ type device struct {
 }
 
 type resource struct {
-	Name      string                       `json:"name"`
-	Endpoint  string                       `json:"endpoint"`
+	Name      string                         `json:"name"`
+	Endpoint  string                         `json:"endpoint"`
 	Options   *pluginapi.DevicePluginOptions `json:"options,omitempty"`
-	Devices   []device                     `json:"devices"`
-	Preferred []string                     `json:"preferred,omitempty"`
-	Allocate  *allocation                  `json:"allocate,omitempty"`
-	Error     string                       `json:"error,omitempty"`
+	Devices   []device                       `json:"devices"`
+	Preferred []string                       `json:"preferred,omitempty"`
+	Allocate  *allocation                    `json:"allocate,omitempty"`
+	Error     string                         `json:"error,omitempty"`
 }
 
 type allocation struct {
