@@ -63,7 +63,35 @@ def test_census_per_node(needs_real_gpus, gpu_node, run, run_dir, target, discov
     results = {name: r for name, (p, r) in peers.items() if p == pool}
     results[node.name] = result
     floors = census.floors_from_env(device=bench_checks.device(run))
-    record_verdicts(check, judged(results, pool, floors).get(node.name, []))
+    verdicts = judged(results, pool, floors).get(node.name, [])
+    slow = [v for v in verdicts if v.verdict == "fail" and v.value is not None]
+    if slow:
+        verdicts = measured_again(node, pool, results, floors, slow, fanout, request, run_dir, check,
+                                  lambda n, lane: census_pod(run, target, discovery, n, lane)) or verdicts
+    record_verdicts(check, verdicts)
+
+
+def measured_again(node, pool, results, floors, slow, fanout, request, run_dir, check, work) -> list | None:
+    """A node with a figure below its floor is measured once more, alone, before it fails: another tenant's burst
+    (or, on the CPU path, a neighbour pod's) passes, a slow GPU stays slow. The node's verdicts from the second
+    figures against the same peers, and a warning naming the first figures when the second passed; None when the
+    second measurement gave no figures (the first verdicts stand)."""
+    try:
+        again_pool, again = fanout.again(request.node, node)
+    except (NodeSkip, GpuproofError):
+        return None
+    if again_pool != pool or not again.get("gpus"):
+        return None
+    run_dir.add_metrics(get("census").to_records(again, node=node.name, product=node.product))
+    verdicts = [v for v in census.judge({**results, node.name: again}, {name: pool for name in results}, floors)
+                if v.node == node.name]
+    still = {(v.check, v.gpu) for v in verdicts if v.verdict == "fail"}
+    passed = [v for v in slow if (v.check, v.gpu) not in still]
+    if passed:
+        check.warn("census-measured-again", "below the floor at first, within it measured again: " + "; ".join(
+            f"{v.detail.split(':')[0]}: {v.actual}" for v in passed), expected="figures within the floors",
+            actual="; ".join(v.actual for v in passed), target=node.name)
+    return verdicts
 
 
 _JUDGED: dict = {}

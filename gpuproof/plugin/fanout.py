@@ -216,6 +216,14 @@ class FanOut:
         except CancelledError:
             return work(node, job.lane)
 
+    def again(self, item: pytest.Item, node) -> Any:
+        """This item's node's work once more, now, in the item's own thread with the job's pod slots: a figure to
+        confirm before it fails the node (the census). Raises what the work raises."""
+        job = self.jobs.get(getattr(item, "function", None))
+        if job is None:
+            raise LookupError(f"{item.nodeid}: no fan-out job to run again (fanout.result first)")
+        return job.work(node, job.lane)
+
     def peers(self, item: pytest.Item, same: Callable[[Any], bool]) -> dict[str, Any]:
         """node name -> outcome of every node of this item's check for which ``same(node)`` holds, once each has
         arrived (a check that judges a node among its peers: the census). Nodes whose work raised, or never ran
