@@ -119,12 +119,14 @@ def test_the_1_37_checklist_as_the_reference_lists_it():
 
 
 def test_the_table_names_only_features_and_checks_the_suites_have():
-    """Drift guard: a feature or check renamed in suites/ must be renamed in the table. The access and monitoring
-    suites are being written (issue #38 item 1; the monitoring suite): their names are still to come."""
-    text = "\n".join(p.read_text() for p in SUITES.glob("test_*.py"))
+    """Drift guard: a feature or check renamed in suites/ must be renamed in the table (the monitoring suite's
+    checks on an exporter's output are named where they are judged, gpuproof/discovery/monitoring.py). The access
+    suite is being written (issue #38 item 1): its names are still to come."""
+    judged_in = [SUITES.parent / "gpuproof" / "discovery" / "monitoring.py"]
+    text = "\n".join(p.read_text() for p in [*SUITES.glob("test_*.py"), *judged_in])
     features = set(re.findall(r'^FEATURE = "([a-z_]+)"', text, re.M))
     parts = [p for reqs in CHECKLISTS.values() for r in reqs for p in r.parts]
-    assert {p.feature for p in parts if p.feature} - features <= {"access", "monitoring"}
+    assert {p.feature for p in parts if p.feature} - features <= {"access"}
     for p in parts:
         for pattern in (*p.checks, *p.require):
             if pattern != "*":

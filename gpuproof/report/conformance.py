@@ -110,9 +110,10 @@ def _driver(sub: str) -> Part:
     return Part(sub, junit=(f"TestAcceleratorDriverRuntimeManagement/{sub}",))
 
 
-def _metrics(test: str, sub: str = "") -> Part:
-    # TODO(monitoring suite): name its checks here (feature "monitoring"): checks=("...",).
-    return Part(sub or test, junit=(f"{test}/{sub}" if sub else test,), feature="monitoring")
+def _metrics(test: str, sub: str = "", checks: tuple[str, ...] = ()) -> Part:
+    """The monitoring suite's checks (suites/test_monitoring.py) judge the part; without checks (ai_service_metrics,
+    not built yet) the JUnit case named after the upstream test does."""
+    return Part(sub or test, junit=(f"{test}/{sub}" if sub else test,), feature="monitoring", checks=checks)
 
 
 # The mapping, requirement -> gpuproof evidence, for each checklist gpuproof writes. Descriptions are the
@@ -215,9 +216,11 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "bandwidth should be exposed if the underlying hardware or virtualization layer makes they available. The "
         "list of metrics should align with emerging standards, such as OpenTelemetry metrics, to ensure "
         "interoperability. The platform may provide a managed solution, but this is not required for conformance.",
-        parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable"),
-               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric"),
-               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric")),
+        parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable",
+                        ("dcgm-exporter-ready", "dcgm-metrics-read", "dcgm-metrics-parse")),
+               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric",
+                        ("dcgm-gpu-utilization",)),
+               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric", ("dcgm-gpu-memory",))),
         guard=("TestAcceleratorPerformanceMetrics",)),
     Requirement(
         "observability", "ai_service_metrics", "MUST",
