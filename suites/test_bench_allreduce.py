@@ -22,7 +22,7 @@ ONE_RANK = "1 rank: no data moves between GPUs, so an all-reduce has no bandwidt
 
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="allreduce", all_gpus=True, note="products with 2 GPUs or more a node")
-def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, discovery):
+def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, discovery, check):
     bench_checks.require_real_gpus(target, discovery, gpu_products)
     multi, single = {}, []
     for product, nodes in sorted(gpu_products.items()):
@@ -33,8 +33,9 @@ def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, d
     if not multi:
         pytest.skip(f"{ONE_RANK}: {', '.join(single)}")
     results = bench_checks.run_per_product("allreduce", run, run_dir, multi, discovery, all_gpus=True)
-    bad = bench_checks.failures(results)
-    assert not bad, "\n".join(bad)
+    for product, node, ok, actual in bench_checks.outcomes(results, multi):
+        check.true("allreduce-result", ok, bench_checks.RESULT_OK + " (no wrong element)", actual,
+                   what=f"all-reduce over every GPU of one {product} node", target=node)
 
 
 @pytest.mark.gpu
@@ -42,7 +43,7 @@ def test_allreduce_single_node_per_product(target, run, run_dir, gpu_products, d
 @pytest.mark.creates("Job", "bench-ar-multi-<product>", "per product with 2+ nodes", on="any",
                       requests="all GPUs of each node", note="indexed: one pod on each of up to 4 nodes")
 @pytest.mark.creates("Service", "bench-ar-multi-<product>", "per product with 2+ nodes", note="headless")
-def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, discovery):
+def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, discovery, check):
     bench_checks.require_real_gpus(target, discovery, gpu_products)
     whole = {p: n for p, n in gpu_products.items()
              if all(bench_checks.node_gpus(discovery, x)[0] == "nvidia.com/gpu" for x in n)}  # not shared, not MIG
@@ -51,21 +52,24 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
         pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
     bench = get("allreduce")
     pct = float(os.environ.get(STRAGGLER_PCT_ENV) or 0) or None
-    bad = []
     for product, nodes in sorted(multi.items()):
         nnodes = bench_checks.multinode_count(nodes)
         gpus = min(bench_checks.node_gpus(discovery, n, all_gpus=True)[1] for n in nodes)
+        what = f"all-reduce across {nnodes} {product} nodes"
         try:
             params = bench_checks.bench_params(bench, run, {"straggler_pct": pct})
             result = bench.run_multinode(run, params, product=product,
                                          nnodes=nnodes, gpus_per_node=gpus, image=bench_checks.image(run))
-        except Exception as exc:  # one product failing must not hide the others
-            bad.append(f"{product}: {exc}")
+        except Exception as exc:  # noqa: BLE001  one product failing must not hide the others
+            check.true("allreduce-multinode-result", False, bench_checks.RESULT_OK, str(exc), what=what,
+                       target=sorted(nodes)[0])
             continue
         run_dir.add_metrics(bench_checks.mark(bench.to_records(result, node=f"{nnodes} nodes", product=product), run))
-        if not result.get("ok"):
-            bad.append(f"{product}: {result.get('wrong_total')} wrong elements / {result.get('error')}")
+        check.true("allreduce-multinode-result", bool(result.get("ok")), bench_checks.RESULT_OK + " (no wrong element)",
+                   "ok" if result.get("ok") else f"{result.get('wrong_total')} wrong elements / {result.get('error')}",
+                   what=what, target=sorted(nodes)[0])
         for n in result.get("nodes") or []:
-            if n.get("straggler"):
-                bad.append(f"{product}: straggler node {n['node']}: {n['straggler_reason']}")
-    assert not bad, "\n".join(bad)
+            if "straggler" in n:
+                check.true("allreduce-straggler", not n["straggler"], "bus bandwidth near its peers' median",
+                           n.get("straggler_reason") or "near the median", what=f"{what}: {n['node']}",
+                           target=n["node"])

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.bench
 
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="hbm")
-def test_hbm_per_product(target, run, run_dir, gpu_products, discovery):
+def test_hbm_per_product(target, run, run_dir, gpu_products, discovery, check):
     """One pod per GPU product (first node of each), stock PyTorch image, 1 GiB buffers."""
     bench_checks.require_real_gpus(target, discovery, gpu_products)
     results = bench_checks.run_per_product("hbm", run, run_dir, gpu_products, discovery)
-    bad = bench_checks.failures(results)
-    assert not bad, "\n".join(bad)
+    for product, node, ok, actual in bench_checks.outcomes(results, gpu_products):
+        check.true("hbm-result", ok, bench_checks.RESULT_OK, actual, what=f"hbm on {product}", target=node)

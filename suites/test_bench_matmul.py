@@ -15,9 +15,9 @@ pytestmark = pytest.mark.bench
 
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="matmul")
-def test_matmul_per_product(target, run, run_dir, gpu_products, discovery):
+def test_matmul_per_product(target, run, run_dir, gpu_products, discovery, check):
     """One pod per GPU product (first node of each), stock PyTorch image, all supported dtypes."""
     bench_checks.require_real_gpus(target, discovery, gpu_products)
     results = bench_checks.run_per_product("matmul", run, run_dir, gpu_products, discovery)
-    bad = bench_checks.failures(results)
-    assert not bad, "\n".join(bad)
+    for product, node, ok, actual in bench_checks.outcomes(results, gpu_products):
+        check.true("matmul-result", ok, bench_checks.RESULT_OK, actual, what=f"matmul on {product}", target=node)

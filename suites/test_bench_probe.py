@@ -13,7 +13,7 @@ pytestmark = pytest.mark.bench
 
 @pytest.mark.gpu
 @pytest.mark.creates(benchmark="probe", all_gpus=True)
-def test_probe_per_product(target, run, run_dir, gpu_products, discovery):
+def test_probe_per_product(target, run, run_dir, gpu_products, discovery, check):
     """A pod with all GPUs of the first node of each product: every GPU visible and computing right."""
     bench_checks.require_real_gpus(target, discovery, gpu_products)
     results = {}
@@ -21,5 +21,5 @@ def test_probe_per_product(target, run, run_dir, gpu_products, discovery):
         gpus = bench_checks.node_gpus(discovery, sorted(nodes)[0], all_gpus=True)[1]
         results.update(bench_checks.run_per_product("probe", run, run_dir, {product: nodes}, discovery,
                                              params={"expect_gpus": gpus}, all_gpus=True))
-    bad = bench_checks.failures(results)
-    assert not bad, "\n".join(bad)
+    for product, node, ok, actual in bench_checks.outcomes(results, gpu_products):
+        check.true("probe-result", ok, bench_checks.RESULT_OK, actual, what=f"the probe on {product}", target=node)

@@ -68,6 +68,7 @@ def recordable_checks() -> dict[str, str]:
 def fault_tables() -> dict[str, dict]:
     """test id -> its table: case -> row whose last item lists (check, target, expected, actual, ...)."""
     sys.path.insert(0, str(Path(__file__).parent))
+    import test_bench_checks
     import test_census_checks
     import test_dra
     import test_kubelet_faults
@@ -88,6 +89,7 @@ def fault_tables() -> dict[str, dict]:
             test_suite_faults_more.NO_DRA_CASES,
         "tests/test_dra.py::test_dra_check_fails_on_its_fault": test_dra.DRA_FAULTS,
         "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
+        "tests/test_bench_checks.py::test_bench_check_fails_on_its_fault": test_bench_checks.RUNS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,
         "tests/test_topology.py::test_a_fragmented_set_fails_naming_node_expected_actual": test_topology.FAULTS,

@@ -38,6 +38,7 @@ from ..vocab import (AKS_ACCELERATOR, GKE_ACCELERATOR, GKE_MAX_CLIENTS, GKE_PART
                      INSTANCE_TYPE, KARPENTER_GPU_COUNT, KARPENTER_GPU_MAKER, KARPENTER_GPU_MEMORY,
                      KARPENTER_GPU_NAME, KWOK_ANNOTATION, LABELS_BY, RESOURCES_BY,
                      SIMULATED, SLICES_BY)
+from ..vocab import OPERATOR_COMPONENT_APPS as OPERATOR_COMPONENT_APPS  # noqa: F401  (re-exported: suites/test_stack)
 
 MADE_BY = {"labels": LABELS_BY, "resources": RESOURCES_BY, "slices": SLICES_BY}
 MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb)$")

@@ -134,12 +134,17 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
     return out
 
 
-def failures(results: dict[str, Any]) -> list[str]:
-    """Products whose run failed (error text) or whose result says not ok."""
-    bad = []
-    for product, r in results.items():
+RESULT_OK = "the benchmark ran and its result is ok"
+
+
+def outcomes(results: dict[str, Any], gpu_products: dict[str, list[str]]):
+    """(product, the node it ran on, ok, what it gave) of each product's run, for the suite's ``check.true``:
+    a run that raised (its error text), or a result that says not ok (its error, problems or verdict), is not ok."""
+    for product, r in sorted(results.items()):
+        node = sorted(gpu_products.get(product) or [product])[0]
         if isinstance(r, str):
-            bad.append(f"{product}: {r}")
+            yield product, node, False, r
         elif not r.get("ok", False):
-            bad.append(f"{product}: result not ok: {r.get('error') or r.get('problems') or r.get('verdict')}")
-    return bad
+            yield product, node, False, f"result not ok: {r.get('error') or r.get('problems') or r.get('verdict')}"
+        else:
+            yield product, node, True, "ok"
