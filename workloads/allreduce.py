@@ -37,6 +37,9 @@ Test-only: ``GPUPROOF_TEST_SLOW_RANK=<rank>`` (and ``GPUPROOF_TEST_SLOW_MS``, de
 delays every timed all-reduce of that rank, to check the detection.
 
 Only global rank 0 prints the JSON result.
+
+Long: one torch.distributed program, single node and multi-node (torchrun or an indexed Job), with its
+sweep, nccl-tests' bandwidth definitions, the per-node figures and the straggler rule it reports on.
 """
 
 from __future__ import annotations

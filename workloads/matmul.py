@@ -19,6 +19,9 @@ For each dtype (fp32, tf32, bf16, fp16; fp8 on compute capability >= 8.9) and si
    the CPU and without NVML (``ratio_to_peak_at_clock_note`` says why).
 
 Prints one JSON object on stdout. Exit 0 when every correctness check passed.
+
+Long: the timed loop, the correctness check per dtype (fp8 included), the datasheet peaks and the clock-aware
+efficiency are one measurement; apart they would only import each other.
 """
 
 from __future__ import annotations

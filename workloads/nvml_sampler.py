@@ -34,6 +34,9 @@ Optional: :func:`read_prometheus_range` / :func:`dcgm_phase_summary` read DCGM e
 series from a Prometheus URL for the same phases (e.g. the graphics engine's activity,
 which NVML cannot give per MIG instance), by the names and units of every exporter release
 (``dcgm_series.py``).
+
+Long: every NVML reading the benchmarks record (utilization, memory, power, clocks, clock-event reasons) with
+its cost budget per tick, and the DCGM-exporter queries that stand in for it through Prometheus.
 """
 
 from __future__ import annotations
