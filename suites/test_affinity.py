@@ -46,7 +46,7 @@ def _shown(selector: dict) -> str:
 
 def _land(run, scratch, target, name, manifest):
     scratch.create(manifest)
-    return run.wait_pod(name, settled, target.timeout(90), "to be placed or refused by the scheduler")
+    return run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused by the scheduler")
 
 
 @pytest.mark.creates("Pod", "selector-{slug}", requests="{device}", note="nodeSelector on the product's labels")

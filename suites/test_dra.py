@@ -315,7 +315,7 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
     for name in names:
         scratch.create(_claim_pod(name, template="fill", node=node))
     pods = run.wait_pods(lambda c: [c[n] for n in names] if all(n in c and settled(c[n]) for n in names) else None,
-                         target.timeout(120), f"{count + 1} pods pinned to {node} to be placed or refused")
+                         target.timeouts.pods_settled, f"{count + 1} pods pinned to {node} to be placed or refused")
     running = [p.metadata.name for p in pods if p.status.phase == "Running"]
     waiting = [p.metadata.name for p in pods if pod_outcome(p).startswith("unschedulable")]
     check.true("dra-exhaust", len(running) == count and len(waiting) == 1,
@@ -326,7 +326,7 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
         return
     scratch.delete_pod(running[0])
     try:
-        p = run.wait_pod(waiting[0], lambda x: x.status.phase == "Running", target.timeout(90),
+        p = run.wait_pod(waiting[0], lambda x: x.status.phase == "Running", target.timeouts.pod_running,
                          f"to run once pod {running[0]}'s claim is freed")
     except WaitTimeout:         # still waiting: the check's failure, not the test's error
         p = run.pod(waiting[0])
@@ -359,10 +359,11 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     run.apply(dra.use_claims(manifest, template="probe-one"))
     # the claim made from the template is deleted once the pod ends: read its allocation when the pod is bound
     # (the scheduler allocates before it binds; the kubelet then prepares the claim and starts the container)
-    p = run.wait_pod("dra-probe", lambda x: bool(x.spec.node_name), target.timeout(300), "to be scheduled")
+    p = run.wait_pod("dra-probe", lambda x: bool(x.spec.node_name), target.timeouts.claim_scheduled,
+                   "to be scheduled")
     want = sorted(devices[(pool, dev)].uuid for c in dra.claims_of_pod(run, p) for _, pool, dev in dra.allocated(c)
                   if (pool, dev) in devices)
-    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeout(900),
+    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeouts.pod_done,
                      "to finish (image pull included)")
     seen = sorted(nvml_device_ids(workloads.pod_result(run, "dra-probe",
                                                         what=f"probe pod dra-probe ({pod_outcome(p)})")))

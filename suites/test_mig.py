@@ -100,13 +100,13 @@ def test_profile_pods_land_only_where_the_profile_exists(discovery, run, scratch
             continue
         name = f"mig-{profile.replace('.', '-')}"
         scratch.create(pod(name, {f"nvidia.com/mig-{profile}": 1}, tolerations=TOLERATE_ALL))
-        p = run.wait_pod(name, settled, target.timeout(90), "to be placed or refused")
+        p = run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused")
         check.true("mig-placement", p.status.phase == "Running" and p.spec.node_name in nodes,
                    expected=f"running on one of {sorted(nodes)}", actual=pod_outcome(p),
                    what=f"a pod asking nvidia.com/mig-{profile}", target=f"profile/{profile}", churn=churn)
     absent = "7g.999gb"
     scratch.create(pod("mig-absent", {f"nvidia.com/mig-{absent}": 1}, tolerations=TOLERATE_ALL))
-    p = run.wait_pod("mig-absent", settled, target.timeout(60), "to be placed or refused")
+    p = run.wait_pod("mig-absent", settled, target.timeouts.pod_placed, "to be placed or refused")
     check.true("mig-absent-profile-waits", pod_outcome(p).startswith("unschedulable"),
                expected=f"Pending: no node has nvidia.com/mig-{absent}", actual=pod_outcome(p),
                what="a pod asking a profile no node advertises", target="cluster", churn=churn)

@@ -54,7 +54,7 @@ def _victims(run, target, preemptor, fill: int) -> set[str]:
     uid = preemptor.metadata.uid
     try:       # the scheduler records events asynchronously: give them a moment to arrive
         watch_until(target.cluster.core.list_event_for_all_namespaces, lambda c: any(
-            uid in (e.message or "") for e in c.values()) or None, target.timeout(15),
+            uid in (e.message or "") for e in c.values()) or None, target.timeouts.event,
             f"Preempted events naming {preemptor.metadata.name}", field_selector="reason=Preempted")
     except WaitTimeout:
         pass
@@ -90,7 +90,7 @@ def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch
         lost = [n for n in sorted(seen) if n not in c or c[n].metadata.deletion_timestamp]
         return ("lost", lost) if lost else all(n in c and settled(c[n]) for n in fill) and ("placed", c)
 
-    how, running = run.wait_pods(placed_or_lost, target.timeout(120),
+    how, running = run.wait_pods(placed_or_lost, target.timeouts.pods_settled,
                                  f"{free} low-priority pods to be placed on {node.name}")
     if how == "lost":
         check.skip("preemption", churn.changed() or f"{node.name} did not take {free} low-priority pods "
@@ -102,7 +102,7 @@ def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch
 
     scratch.create(pod("preemptor", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=high))
     p = run.wait_pod("preemptor", lambda x: x.status.phase == "Running" or "unschedulable" in pod_outcome(x)
-                     and not x.status.nominated_node_name, target.timeout(120), "to preempt and run")
+                     and not x.status.nominated_node_name, target.timeouts.preemption, "to preempt and run")
     check.equal("preemptor-lands", f"running on {node.name}", pod_outcome(p),
                 what=f"a priority {HIGH} pod asking 1 {res} on the full node", target=node.name, churn=churn)
     victims = _victims(run, target, p, free) if p.status.phase == "Running" else set()
@@ -111,7 +111,7 @@ def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch
                 f"1 {res} ({', '.join(sorted(mine)) or 'none'})", target=node.name, churn=churn)
 
     scratch.create(pod("no-preempt", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=never))
-    q = run.wait_pod("no-preempt", settled, target.timeout(60), "to be placed or refused")
+    q = run.wait_pod("no-preempt", settled, target.timeouts.pod_placed, "to be placed or refused")
     check.true("never-policy-waits", pod_outcome(q).startswith("unschedulable"),
                expected="Pending (preemptionPolicy: Never)", actual=pod_outcome(q),
                what="a priority pod that may not preempt, on the full node", target=node.name, churn=churn)

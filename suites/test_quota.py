@@ -35,7 +35,7 @@ def test_resource_quota_limits_gpu_requests(run, target, check):
     # the quota is enforced once its controller has computed the usage
     watch_until(target.cluster.core.list_namespaced_resource_quota,
                 lambda c: "gpus" in c and (c["gpus"].status.hard or {}).get(f"requests.{GPU}") or None,
-                target.timeout(60), f"ResourceQuota {ns}/gpus to be initialised", namespace=ns)
+                target.timeouts.quota_ready, f"ResourceQuota {ns}/gpus to be initialised", namespace=ns)
     results = [_refused(run.try_apply(pod(f"gpu-{i}", {GPU: 1}), namespace=ns)[1]) for i in range(3)]
     check.equal("quota-admits-within", ["accepted", "accepted"], results[:2],
                 what=f"pods asking 1 {GPU} each under a quota of 2", target=f"namespace/{ns}")

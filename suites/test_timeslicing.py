@@ -61,12 +61,13 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
 
     for name in names:
         scratch.create(pod(name, {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
-    run.wait_pods(all_settled, target.timeout(120), f"{slots} pods sharing {node.name}'s GPUs to run or be refused")
+    run.wait_pods(all_settled, target.timeouts.pods_settled,
+                  f"{slots} pods sharing {node.name}'s GPUs to run or be refused")
     check.equal("co-running-peak", slots, peak["running"], target=node.name,
                 what=f"one-{resource} pods Running on the node at the same moment "
                      f"(gpu.count={node.count_label} x replicas={node.replicas})", churn=churn)
     scratch.create(pod("share-extra", {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
-    extra = run.wait_pod("share-extra", settled, target.timeout(60), "to be placed or refused")
+    extra = run.wait_pod("share-extra", settled, target.timeouts.pod_placed, "to be placed or refused")
     check.true("one-more-waits", pod_outcome(extra).startswith("unschedulable"),
                expected=f"Pending: Insufficient {resource}", actual=pod_outcome(extra),
                what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name, churn=churn)
@@ -87,7 +88,7 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
         check.skip("shared-request-gt1", f"{node.name} has fewer than 2 free {resource}")
     scratch.create(pod("share-two", {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
     p = run.wait_pod("share-two", lambda x: x.status.phase in ("Running", "Failed", "Succeeded")
-                     or pod_outcome(x).startswith("unschedulable"), target.timeout(90), "to run or be refused")
+                     or pod_outcome(x).startswith("unschedulable"), target.timeouts.pod_placed, "to run or be refused")
     outcome = pod_outcome(p)
     if refused:
         check.true("shared-request-gt1-refused", outcome.startswith("failed: UnexpectedAdmissionError"),

@@ -233,3 +233,13 @@ def test_each_benchmark_takes_its_own_options_and_writes_its_own_line():
         assert isinstance(bench.headline({}), str), name
     assert get("matmul").cli_params(args)["sizes"] == "256"
     assert get("matmul").headline(MATMUL_RESULT) == "bf16 8192: 785 TFLOPS (79% of peak)"
+
+
+def test_the_help_lists_the_registry():
+    """`gpuproof bench --help` lists every registered benchmark with its description: a new benchmark needs no
+    edit of the CLI (issue #40 item 3)."""
+    from gpuproof.cli.bench import _listing
+
+    text = _listing()
+    for name in names():
+        assert f"\n  {name:<11} {get(name).description[:40]}" in text, name

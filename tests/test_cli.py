@@ -73,3 +73,21 @@ def test_plugin_options_have_canonical_names_and_short_aliases(tmp_path):
                               capture_output=True, text=True, timeout=120).stdout
     for name in ("--gpuproof-kubeconfig", "--gpuproof-fleet", "--gpuproof-strict-taints", "--kubeconfig", "--fleet"):
         assert name in helptext
+
+
+def test_the_suites_waits_have_names_scaled_in_one_place():
+    """Named timeouts (issue #40 item 5): every figure a suite waits with is a name of gpuproof.plugin.timeouts,
+    scaled by --timeout-scale; no suite or plugin module waits with a literal through target.timeout(<number>)."""
+    import re
+    from pathlib import Path
+
+    from gpuproof.plugin.timeouts import Timeouts
+
+    t = Timeouts(scale=2.5)
+    assert t.pod_placed == 2.5 * t.pod_placed_s and t.pod_done == 2.5 * 900
+    with pytest.raises(AttributeError):
+        _ = t.no_such_wait
+    root = Path(__file__).resolve().parents[1]
+    literal = [f"{p.relative_to(root)}:{n}" for p in [*root.glob("suites/*.py"), *root.glob("gpuproof/plugin/*.py")]
+               for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.timeout\(\d", line)]
+    assert literal == []

@@ -220,6 +220,7 @@ def test_a_node_deleted_while_its_checks_run_is_named_and_not_judged(embedded, t
     import datetime as dt
 
     from gpuproof.cluster.api import connect, watch_until
+    from gpuproof.errors import WaitTimeout
 
     reports, rid = tmp_path / "reports", "lost"
     with embedded.fleet_loaded(REPLAY):
@@ -230,9 +231,14 @@ def test_a_node_deleted_while_its_checks_run_is_named_and_not_judged(embedded, t
                                  "-k", "census or health or labels or test_nodes", "--", "--no-lease"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            watch_until(cluster.core.list_namespaced_pod,
-                        lambda c: any(p.spec.node_name == "h100-0" for p in c.values()), 300,
-                        "the run's first census pod to be bound to h100-0", namespace=f"gpuproof-{rid}")
+            try:
+                watch_until(cluster.core.list_namespaced_pod,
+                            lambda c: any(p.spec.node_name == "h100-0" for p in c.values()), 300,
+                            "the run's first census pod to be bound to h100-0", namespace=f"gpuproof-{rid}")
+            except WaitTimeout:
+                proc.kill()
+                raise AssertionError(
+                    f"the run never placed its census pod on h100-0:\n{proc.communicate()[0][-5000:]}") from None
             lost_at = dt.datetime.now(dt.timezone.utc)
             cluster.core.delete_node(VICTIM)          # the test's doing: gpuproof never deletes a node
             out, _ = proc.communicate(timeout=400)

@@ -40,16 +40,23 @@ subprocesses. To benchmark a cluster's GPUs, run the bench suites against it:
 gpuproof run --kubeconfig ... --only-bench.
 """
 
-EPILOG = """\
-benchmarks:
-  probe       torch/CUDA/driver versions, visible GPUs (NVML, MIG UUIDs), a checked kernel
-  matmul      TFLOPS per dtype (fp32, tf32, bf16, fp16, fp8) and size, ratio to datasheet peak
-  allreduce   all-reduce sweep (8 B to 1 GiB): algbw, busbw, #wrong as nccl-tests defines them
-  inference   LLM serving under locust load (built-in OpenAI-compatible server on 127.0.0.1, or --url):
-              TTFT, TPOT, output tokens/s, goodput, capacity and what bound it
-  all         all of the above
-  a,b,...     those, one after another, into one run folder (what a baseline and `report check` compare)
+def _listing() -> str:
+    """The registry's benchmarks with their descriptions, wrapped under one another (the help's first part)."""
+    import textwrap
 
+    from ..bench import get, names
+
+    lines = ["benchmarks:"]
+    for name in names():
+        lines += textwrap.wrap(get(name).description, 108, initial_indent=f"  {name:<11} ",
+                               subsequent_indent=" " * 14)
+    lines += ["  all         every one of them, in this order",
+              "  a,b,...     those, one after another, into one run folder (what a baseline and `report check`",
+              "              compare)"]
+    return "\n".join(lines) + "\n\n"
+
+
+EPILOG = """\
 examples:
   gpuproof bench --local matmul
   gpuproof bench --local matmul --dtypes bf16,fp8 --sizes 4096,8192
@@ -63,7 +70,8 @@ examples:
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks on this host (GPU or CPU) and write a run folder",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=_listing() + EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     choices = _choices()
     p.add_argument("benchmark", type=_benchmarks, metavar="{" + ",".join(choices) + "}",
                    help="what to run: one, a comma list (matmul,hbm,inference: one run folder), or all")

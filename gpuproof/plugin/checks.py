@@ -207,7 +207,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
             run.apply(workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace,
                                              gpus=amount, resource=resource, node=node.name, image=image(run)))
         run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
-                      target.timeout(900), f"{count} probe pods on {node.name} to finish (image pull included)")
+                      target.timeouts.pod_done, f"{count} probe pods on {node.name} to finish (image pull included)")
         return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
     from ..bench.base import applied
 
@@ -215,7 +215,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
                                    resource=resource, node=node.name, image=image(run)) for name in names]
     with lane.pods(count), applied(run, pods, lane=lane):     # deleted, and gone, before this returns
         for name in names:
-            lane.wait_done(name, target.timeout(900))
+            lane.wait_done(name, target.timeouts.pod_done)
         return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
 
 

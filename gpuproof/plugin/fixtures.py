@@ -79,7 +79,7 @@ def scratch(run, target):
     from .checks import Scratch
 
     unfit = [n.name for n in target.discovery().gpu_nodes if n.unfit_for_placement]
-    s = Scratch(run, timeout=target.timeout(120), avoid=unfit)
+    s = Scratch(run, timeout=target.timeouts.pods_settled, avoid=unfit)
     yield s
     s.close()
 

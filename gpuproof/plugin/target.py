@@ -20,6 +20,7 @@ import pytest
 
 from ..errors import GpuproofError, one_line
 from ..results import RunDir, new_run_id
+from .timeouts import Timeouts
 
 REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 
@@ -78,7 +79,13 @@ class Target:
                 tr.write_line(f"[gpuproof] {msg}")
 
     def timeout(self, seconds: float) -> float:
+        """``seconds`` scaled by --timeout-scale: for a figure of the caller's own (a benchmark's budget); the
+        suites' waits use the named ones, :attr:`timeouts`."""
         return seconds * self.scale
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(scale=self.scale)
 
     # -- lazily connect / start
 
@@ -150,7 +157,7 @@ class Target:
             run.quick_bench = bool(self.config.getoption("quick_bench", False))
             self._run = run          # set before create so a half-made run is still cleaned up
             _ = self.run_dir         # a run that touches the cluster always leaves its record
-            run.create(progress=self.progress, timeout=self.timeout(60))
+            run.create(progress=self.progress, timeout=self.timeouts.run_setup)
         return self._run
 
     @property
@@ -238,7 +245,7 @@ class Target:
         # records (the report is written from them after pytest, gpuproof/cli/run.py)
         if self._run is not None and not self._run._cleaned:
             try:
-                self._run.cleanup(wait=True, timeout=self.timeout(120), progress=self.progress)
+                self._run.cleanup(wait=True, timeout=self.timeouts.cleanup, progress=self.progress)
             except Exception as exc:
                 if api_gone(exc):
                     self.cut_short = self.cut_short or "the API server stopped answering during the run's cleanup"
