@@ -123,3 +123,7 @@ def test_the_prometheus_reader_asks_for_both_names_and_records_gpuproofs_units()
     assert recs["dcgm_sm_clock_mhz_mean"].unit == "MHz"
     assert recs["dcgm_gpu_util_pct_p95"].parameters["dcgm_name"] == "DCGM_FI_DEV_GPU_UTIL_RATIO"
     assert recs["dcgm_gpu_util_pct_mean"].parameters["exporter_node"] == "node-a"
+    # what the series say of the exporters (one Prometheus, an upgrade half done), kept beside the records
+    assert metrics.dcgm_exporter(out) == {
+        "names": "classic+dcgm-4.7", "host_label": "Hostname+hostname",
+        "releases": "4.9.0 or later (DCGM 4.7 names); 4.6.0-4.8.3 or later (label hostname)"}

@@ -171,8 +171,13 @@ def readings(samples: list[Sample]) -> list[Reading]:
 def flavour(samples: list[Sample]) -> dict:
     """What the output says of the exporter that wrote it: its name set, its host label's spelling, and the releases
     those fit (the exporter's version is not in its series: the image tag says it where there is one)."""
-    sets = sorted({BY_NAME[s.name][2] for s in samples if s.name in BY_NAME})
-    hosts = sorted({k for s in samples for k in LABELS["host"] if k in s.labels})
+    return flavour_of({s.name for s in samples}, {k for s in samples for k in LABELS["host"] if k in s.labels})
+
+
+def flavour_of(names, host_labels) -> dict:
+    """:func:`flavour` from the series names and the host label spellings an output (or a Prometheus) showed."""
+    sets = sorted({BY_NAME[n][2] for n in names if n in BY_NAME})
+    hosts = sorted(set(host_labels))
     releases = []
     if DCGM47 in sets:
         releases.append("4.9.0 or later (DCGM 4.7 names)")

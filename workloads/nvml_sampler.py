@@ -702,9 +702,18 @@ def dcgm_phase_summary(url: str, phases: list[dict], series: Iterable[str] = DCG
                 per_field.setdefault(quantity, {})[key] = {
                     "mean": common.mean(vals), "p95": common.percentile(vals, 95), "n": len(vals),
                     "node": dcgm_series.label(labels, "host") or "", "name": name,
+                    "host_label": next((k for k in dcgm_series.LABELS["host"] if k in labels), ""),
                 }
         out[p["name"]] = per_field
     return out
+
+
+def dcgm_exporter(summary: dict) -> dict:
+    """What the series of :func:`dcgm_phase_summary` say of the exporter that wrote them (its name set, its host
+    label's spelling, the releases those fit: ``dcgm_series.flavour``), to keep beside the records."""
+    stats = [s for fields in (summary or {}).values() for per_gpu in fields.values() for s in per_gpu.values()]
+    return dcgm_series.flavour_of({s.get("name", "") for s in stats}, {s["host_label"] for s in stats
+                                                                         if s.get("host_label")})
 
 
 # ------------------------------------------------------------------ command line

@@ -32,6 +32,7 @@ summarize = _sampler.summarize
 decode_reasons = _sampler.decode_reasons
 read_prometheus_range = _sampler.read_prometheus_range
 dcgm_phase_summary = _sampler.dcgm_phase_summary
+dcgm_exporter = _sampler.dcgm_exporter
 DEFAULT_HZ = _sampler.DEFAULT_HZ
 NUMERIC_FIELDS = _sampler.NUMERIC_FIELDS
 

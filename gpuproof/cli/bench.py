@@ -126,7 +126,9 @@ def _device(choice: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _dcgm(args, run_dir, name: str, start: float, end: float) -> None:
+def _dcgm(args, run_dir, name: str, start: float, end: float, exporters: dict) -> None:
+    """The DCGM exporter's series of this benchmark's window from Prometheus, as records; what they say of the
+    exporter (its name set, host label, the releases those fit) goes into ``exporters[name]``, for run.json."""
     from ..bench import metrics
 
     try:
@@ -137,7 +139,10 @@ def _dcgm(args, run_dir, name: str, start: float, end: float) -> None:
         return
     records = metrics.dcgm_to_records(dcgm, benchmark=name, node="local")
     run_dir.add_metrics(records)
-    print(f"  {name}: {len(records)} DCGM records from {args.prometheus}", file=sys.stderr)
+    if records:
+        exporters[name] = metrics.dcgm_exporter(dcgm)
+    print(f"  {name}: {len(records)} DCGM records from {args.prometheus}"
+          + (f" (exporter {exporters[name]['releases']})" if records else ""), file=sys.stderr)
 
 
 def _bench(args) -> int:
@@ -165,6 +170,7 @@ def _bench(args) -> int:
     print(f"gpuproof bench: run {run_dir.run_id} on {device} -> {run_dir.path}/", file=sys.stderr)
     failed: list[str] = []
     notes: dict[str, str] = {}
+    exporters: dict[str, dict] = {}     # benchmark -> what its DCGM series say of the exporter (--prometheus)
     for name in todo:
         print(f"gpuproof bench: {name} ...", file=sys.stderr, flush=True)
         t0 = time.time()
@@ -182,7 +188,7 @@ def _bench(args) -> int:
             failed.append(name)
             continue
         if args.prometheus:
-            _dcgm(args, run_dir, name, t0, time.time())
+            _dcgm(args, run_dir, name, t0, time.time(), exporters)
         (run_dir.path / f"bench-{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
         why = unavailable_reason(result.get("utilization")) if name != "probe" else None
         if why:
@@ -194,7 +200,8 @@ def _bench(args) -> int:
               f"{get(name).headline(result)}", flush=True)
     if notes:
         print(f"  utilization not sampled: {next(iter(notes.values()))}", flush=True)
-    run_dir.meta.extra = {"device": device, "benchmarks": todo, "failed": failed, "utilization_notes": notes}
+    run_dir.meta.extra = {"device": device, "benchmarks": todo, "failed": failed, "utilization_notes": notes,
+                          **({"dcgm_exporter": exporters} if exporters else {})}
     run_dir.finalize("failed" if failed else "passed")
     print(f"gpuproof bench: {run_dir.path}/ ({'failed: ' + ', '.join(failed) if failed else 'all ok'})")
     return 1 if failed else 0
