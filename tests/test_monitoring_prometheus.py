@@ -82,16 +82,35 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory):
-    """Prometheus scraping the recorded output every second in jobs ``honored`` and ``default`` (and, in
-    ``partial``, the output without GPU 1); its URL once every target has been scraped."""
+def prometheus_binary() -> str:
+    """Debian's prometheus on PATH, or a skip (a failure under GPUPROOF_REQUIRE_TOOLS=1 or CI)."""
     binary = shutil.which("prometheus")
     if binary is None:
         if REQUIRED:
             pytest.fail("prometheus is needed here: ./setup.sh installs Debian's package", pytrace=False)
         pytest.skip("prometheus is not installed (./setup.sh installs Debian's package as root); "
                     "GPUPROOF_REQUIRE_TOOLS=1 makes this a failure")
+    return binary
+
+
+def start_prometheus(binary: str, tmp: Path, scrape_configs: list[dict]) -> tuple[subprocess.Popen, str]:
+    """Prometheus on a free port of 127.0.0.1 with these scrape jobs (global interval 1 s), its data and log
+    (``prometheus.log``) under ``tmp``: the process and its URL (it may not answer yet: poll it)."""
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape_configs}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    with open(tmp / "prometheus.log", "w") as log:
+        proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=log, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """Prometheus scraping the recorded output every second in jobs ``honored`` and ``default`` (and, in
+    ``partial``, the output without GPU 1); its URL once every target has been scraped."""
+    binary = prometheus_binary()
     tmp = tmp_path_factory.mktemp("prometheus")
     files = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
                               "--directory", str(DATA)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -103,18 +122,11 @@ def prometheus(tmp_path_factory):
         target = f"127.0.0.1:{m.group(1)}"
         job = {"scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": f"/{RECORDED}",
                "static_configs": [{"targets": [target], "labels": EXPORTER}]}
-        config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                  "scrape_configs": [{"job_name": "honored", "honor_labels": True, **job},
-                                     {"job_name": "default", **job},
-                                     {"job_name": "partial", "honor_labels": True, **job,
-                                      "metrics_path": f"/{PARTIAL}"}]}
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(tmp / "prometheus.log", "w")
-        procs.append(subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}",
-                                       f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                      stdout=log, stderr=subprocess.STDOUT))
+        proc, url = start_prometheus(binary, tmp, [{"job_name": "honored", "honor_labels": True, **job},
+                                                   {"job_name": "default", **job},
+                                                   {"job_name": "partial", "honor_labels": True, **job,
+                                                    "metrics_path": f"/{PARTIAL}"}])
+        procs.append(proc)
 
         def scraped():
             assert procs[1].poll() is None, (tmp / "prometheus.log").read_text()[-2000:]

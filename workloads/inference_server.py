@@ -1,6 +1,9 @@
 """LLM-shaped inference server: a decoder-only transformer (``llm_model.py``) behind an
 OpenAI-compatible HTTP API, with a KV cache and continuous batching.
 
+Long: one standalone script a pod runs (no gpuproof import): the HTTP API, its two metrics
+formats, the engine's startup and the summary.
+
 Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
 
 - ``POST /v1/completions``: ``{"model", "prompt": "text" | [token ids], "max_tokens",
@@ -18,7 +21,13 @@ Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
   and model time, tokens, the NVML samples' GPU utilization so far, and how full the
   engine is: ``running`` and ``waiting`` now, ``max_batch`` (its batch slots) and the
   running/waiting requests summed over time (``engine.running_s``/``waiting_s``). A client takes
-  two readings and divides the differences (see ``loadgen.py``).
+  two readings and divides the differences (see ``loadgen.py``). The same path speaks the
+  Prometheus text format (0.0.4) to a scraper: when the Accept header prefers ``text/plain`` or
+  ``application/openmetrics-text`` to ``application/json`` (Prometheus sends
+  ``application/openmetrics-text;...,text/plain;version=0.0.4;q=0.5,*/*;q=0.1``), the answer is
+  series named in vLLM's and TGI's manner (:data:`PROM_SERIES`: ``gpuproof_inference_requests_total``,
+  tokens, requests running and waiting, ...), each with ``# HELP`` and ``# TYPE``. No Accept, ``*/*``
+  or ``application/json`` get the JSON (gpuproof's own readers ask for it by name).
 
 The model's size comes from ``--model`` (a preset; ``auto`` = sized from the GPU's
 memory, ``cpu`` on the CPU) or ``--layers/--hidden/--heads/--vocab``; the KV cache has
@@ -105,7 +114,101 @@ def metrics(srv: Server) -> dict:
         "max_batch": eng.model.slots if eng else None,
         "engine": eng.snapshot() if eng else {},
         "gpu": gpu_util_so_far(srv.sampler),
+        "ready": srv.ready.is_set(),
     }
+
+
+PROM_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROM_TYPES = ("text/plain", "application/openmetrics-text")
+# name -> (type, help, how to read it from metrics()): gpuproof's series, in vLLM's (vllm:request_success_total,
+# vllm:generation_tokens_total, vllm:num_requests_running) and TGI's (tgi_request_count, tgi_queue_size) manner
+PROM_SERIES = {
+    "gpuproof_inference_requests_total": (
+        "counter", "Completion requests received (POST /v1/completions), answered or not.", lambda m: m["requests"]),
+    "gpuproof_inference_request_success_total": (
+        "counter", "Completion requests answered in full.", lambda m: m["ok"]),
+    "gpuproof_inference_request_errors_total": (
+        "counter", "Completion requests that failed: a bad request, or an error while generating.",
+        lambda m: m["errors"]),
+    "gpuproof_inference_request_rejected_total": (
+        "counter", "Completion requests refused with 503: the model not ready, or the queue full.",
+        lambda m: m["rejected"]),
+    "gpuproof_inference_prompt_tokens_total": (
+        "counter", "Prompt tokens of the requests answered.", lambda m: m["prompt_tokens"]),
+    "gpuproof_inference_generation_tokens_total": (
+        "counter", "Tokens generated for the requests answered.", lambda m: m["completion_tokens"]),
+    "gpuproof_inference_requests_running": (
+        "gauge", "Requests in the engine's batch now.", lambda m: m["running"]),
+    "gpuproof_inference_requests_waiting": (
+        "gauge", "Requests waiting for a batch slot now.", lambda m: m["waiting"]),
+    "gpuproof_inference_batch_slots": (
+        "gauge", "The engine's batch slots (KV-cache slots).", lambda m: m["max_batch"]),
+    "gpuproof_inference_queue_seconds_total": (
+        "counter", "Seconds the answered requests waited for a batch slot, summed.", lambda m: m["queue_s"]),
+    "gpuproof_inference_model_seconds_total": (
+        "counter", "Seconds of the model's forward passes spent on the answered requests, summed.",
+        lambda m: m["model_s"]),
+    "gpuproof_inference_engine_busy_seconds_total": (
+        "counter", "Seconds the engine's scheduler was busy.", lambda m: (m.get("engine") or {}).get("busy_s")),
+    "gpuproof_inference_ready": (
+        "gauge", "1 once the model is loaded and warmed up (GET /health answers 200).", lambda m: m.get("ready")),
+    "process_cpu_seconds_total": (
+        "counter", "User and system CPU seconds of the server's process.", lambda m: m["process_cpu_s"]),
+}
+
+
+def _quality(param: str) -> float:
+    for p in param.split(";")[1:]:
+        key, _, value = p.strip().partition("=")
+        if key.strip().lower() == "q":
+            try:
+                return max(0.0, min(1.0, float(value)))
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
+def wants_prometheus(accept: str | None) -> bool:
+    """Does this Accept header prefer the Prometheus text format (``text/plain`` or OpenMetrics, answered with
+    text 0.0.4) to JSON? No header, ``*/*`` and ``application/json`` get JSON; a tie goes to JSON too."""
+    text_q = json_q = 0.0
+    for part in (accept or "").split(","):
+        kind = part.split(";")[0].strip().lower()
+        if kind in PROM_TYPES:
+            text_q = max(text_q, _quality(part))
+        elif kind == "application/json":
+            json_q = max(json_q, _quality(part))
+    return text_q > json_q
+
+
+def _label_value(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))  # repr: the shortest text that reads back the same; inf and nan as Prometheus has them
+
+
+def prometheus_text(m: dict, model: str) -> str:
+    """:func:`metrics`' reading as the Prometheus text format 0.0.4: the series of :data:`PROM_SERIES`, each with
+    ``# HELP`` and ``# TYPE`` and the label ``model_name`` (vLLM's), and ``gpuproof_inference_info``."""
+    labels = f'{{model_name="{_label_value(model)}"}}'
+    lines = []
+    for name, (kind, text, read) in PROM_SERIES.items():
+        value = read(m)
+        if value is None:
+            continue
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}",
+                  f"{name}{'' if name.startswith('process_') else labels} {_number(value)}"]
+    lines += ["# HELP gpuproof_inference_info The server: its model, device and batch slots, in labels.",
+              "# TYPE gpuproof_inference_info gauge",
+              f'gpuproof_inference_info{{model_name="{_label_value(model)}",server="gpuproof",'
+              f'max_batch="{_label_value(m.get("max_batch") if m.get("max_batch") is not None else "")}"}} 1']
+    return "\n".join(lines) + "\n"
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -120,6 +223,14 @@ class Handler(BaseHTTPRequestHandler):
         body = json.dumps(payload, separators=(",", ":")).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_text(self, code: int, text: str, content_type: str) -> None:
+        body = text.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -142,7 +253,10 @@ class Handler(BaseHTTPRequestHandler):
                 "id": srv.model_name, "object": "model", "created": int(time.time()), "owned_by": "gpuproof",
                 "max_model_len": srv.info.get("max_seq")}]})
         elif path == "/metrics":
-            self._send(200, metrics(srv))
+            if wants_prometheus(self.headers.get("Accept")):
+                self._send_text(200, prometheus_text(metrics(srv), srv.model_name), PROM_CONTENT_TYPE)
+            else:
+                self._send(200, metrics(srv))
         elif path == "/info":
             self._send(200, srv.info)
         else:

@@ -157,9 +157,10 @@ THROUGHPUTS = {
 EPOCH_OFFSET = time.time() - time.perf_counter()   # perf_counter -> Unix time, for the records
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def _get(url: str, timeout: float = 5.0, accept: str = "") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
@@ -186,7 +187,9 @@ def probe_metrics(base: str, path: str) -> tuple[str | None, dict | None]:
     if not path:
         return None, None
     try:
-        code, body = _get(base + path, timeout=5.0)
+        # gpuproof's server answers a scraper (text/plain) in the Prometheus format: ask for its JSON by name;
+        # vLLM, SGLang and TGI answer text whatever is asked
+        code, body = _get(base + path, timeout=5.0, accept="application/json")
     except OSError:
         return None, None
     if code != 200:

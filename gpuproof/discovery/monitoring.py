@@ -19,6 +19,11 @@ GPUs are named ``GPU <index> (<UUID>)``: by the UUIDs gpuproof knows (DRA's Reso
 ``0..count-1`` as the exporter's ``gpu`` label numbers them. Through Prometheus (:func:`judge_prometheus`): each GPU
 the exporter published reaches it, and a GPU the exporter attributes to a pod carries that ``pod`` there too (a
 ServiceMonitor without ``honorLabels: true`` leaves it as ``exported_pod``, with ``pod`` the exporter's own).
+
+``ai_service_metrics`` (:func:`judge_service_metrics`, check ``ai-service-metrics``): gpuproof's inference server
+(``workloads/inference_server.py``, whose ``/metrics`` speaks the Prometheus text format to a scraper) reaches the
+cluster's Prometheus, and after N requests its ``gpuproof_inference_requests_total`` reads N there; when it has no
+series, the reason is Prometheus' own word on its target (down with its scrape error, or no target at all).
 """
 
 from __future__ import annotations
@@ -272,3 +277,63 @@ def judge_prometheus(node: str, exporter_text: str, stored: list) -> list[Findin
                            "the scrape does not honor the exporter's labels: a ServiceMonitor without "
                            "honorLabels: true (kube-prometheus-stack's default for dcgm-exporter)"))
     return out
+
+
+# ------------------------------------------------------------------ ai_service_metrics: an AI server's own metrics
+
+SERVICE_CHECKS = ("ai-service-metrics",)
+SERVICE_COUNTER = "gpuproof_inference_requests_total"     # workloads/inference_server.py's PROM_SERIES
+
+
+def service_query(pod: str, namespace: str) -> str:
+    """The PromQL that reads the inference server pod's request counter (every job that scrapes it)."""
+    return f'{SERVICE_COUNTER}{{namespace="{namespace}",pod="{pod}"}}'
+
+
+def _target_state(targets) -> str:
+    """Why Prometheus holds no series of the pod, from its targets for the pod (``/api/v1/targets`` entries)."""
+    if not targets:
+        return ("Prometheus has no target for the pod: no PodMonitor or ServiceMonitor selects it, or this "
+                "Prometheus does not select the monitor")
+    shown = []
+    for t in targets:
+        health = t.get("health", "unknown")
+        error = " ".join(str(t.get("lastError") or "").split())[:200]
+        shown.append(f"target {t.get('scrapeUrl', '?')} is {health}" + (f": {error}" if error else ""))
+        if "valid start token" in error or "content type" in error.lower():
+            shown.append("its answer is not the Prometheus text format (a server that answers only JSON?)")
+    if any(t.get("health") == "up" for t in targets):
+        shown.append(f"it is scraped, but its answer has no {SERVICE_COUNTER}")
+    return "; ".join(shown)
+
+
+def judge_service_metrics(node: str, pod: str, expected: int, result: list[dict], targets=None) -> list[Finding]:
+    """ai_service_metrics: the inference server pod ``pod`` ("namespace/name"), sent ``expected`` requests, has its
+    request counter in Prometheus and it reads ``expected``. ``result``: the ``data.result`` of an instant query
+    (:func:`service_query`); ``targets``: Prometheus' active targets for the pod, said when no series came back
+    (a scrape that fails, a format it cannot read, no monitor that selects the pod). One finding, check
+    ``ai-service-metrics``, naming the node, the pod, the expected and the actual."""
+    namespace, _, name = pod.rpartition("/")
+    want = f"{SERVICE_COUNTER} of pod {pod} = {expected} (the requests sent)"
+    rows = [r for r in result if r.get("metric", {}).get("pod") == name
+            and r.get("metric", {}).get("namespace", namespace) == namespace]
+    others = sorted({f"{r['metric'].get('namespace', '?')}/{r['metric'].get('pod', '?')}" for r in result} - {pod})
+    if not rows:
+        actual = "no series of the pod" + (f" (series of {', '.join(others)})" if others else "")
+        return [Finding("ai-service-metrics", "fail", node, "", want, actual, _target_state(targets or []))]
+    values = {r["metric"].get("job", "?"): float(r["value"][1]) for r in rows}
+    shown = ", ".join(f"{v:g} (job {job})" for job, v in sorted(values.items()))
+    ok = all(v == expected for v in values.values())
+    reason = ("" if ok else
+              "more requests than were sent: another client sent the pod requests"
+              if any(v > expected for v in values.values()) else
+              "Prometheus has not scraped the pod since the requests, or the server lost count")
+    return [Finding("ai-service-metrics", "pass" if ok else "fail", node, "", want, shown, reason)]
+
+
+def pod_targets(active: list[dict], pod: str) -> list[dict]:
+    """Prometheus' active targets (``/api/v1/targets``' ``data.activeTargets``) whose labels name this pod
+    ("namespace/name"), as a PodMonitor's or ServiceMonitor's relabelling labels them."""
+    namespace, _, name = pod.rpartition("/")
+    return [t for t in active if (t.get("labels") or {}).get("pod") == name
+            and (t.get("labels") or {}).get("namespace", namespace) == namespace]
