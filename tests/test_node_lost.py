@@ -231,14 +231,16 @@ def test_a_node_deleted_while_its_checks_run_is_named_and_not_judged(embedded, t
                                  "-k", "census or health or labels or test_nodes", "--", "--no-lease"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            try:
+            try:                          # or until the run ended before: then what it said is the failure
                 watch_until(cluster.core.list_namespaced_pod,
-                            lambda c: any(p.spec.node_name == "h100-0" for p in c.values()), 300,
-                            "the run's first census pod to be bound to h100-0", namespace=f"gpuproof-{rid}")
+                            lambda c: proc.poll() is not None or any(p.spec.node_name == "h100-0" for p in c.values()),
+                            300, "the run's first census pod to be bound to h100-0", tick=2,
+                            namespace=f"gpuproof-{rid}")
             except WaitTimeout:
                 proc.kill()
+            if proc.poll() is not None:
                 raise AssertionError(
-                    f"the run never placed its census pod on h100-0:\n{proc.communicate()[0][-5000:]}") from None
+                    f"the run never placed its census pod on h100-0:\n{proc.communicate()[0][-5000:]}")
             lost_at = dt.datetime.now(dt.timezone.utc)
             cluster.core.delete_node(VICTIM)          # the test's doing: gpuproof never deletes a node
             out, _ = proc.communicate(timeout=400)
