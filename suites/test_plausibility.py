@@ -6,6 +6,8 @@ product with what the node's instance type has. On nodes whose GPUs only NVIDIA'
 describes (no GPU Feature Discovery labels), the devices it publishes are held to the same
 rules: their product and number of GPUs against the instance type, their memory against the
 product. A product the catalog does not know is a warning (extend the catalog), never a failure.
+Names are read however drivers spell them (``gpuproof.catalog.resolve``): an NVIDIA vGPU profile
+(``GRID-A100-40C``) is judged as its physical product with the profile's framebuffer as memory.
 """
 
 from gpuproof import catalog
@@ -38,8 +40,9 @@ def test_gpus_fit_product(gpu_node, check):
                        expected=f"about {profile.memory_gb} GB ({n.single_mig_profile} of a {p.label})",
                        actual=f"{memory} MiB", what="nvidia.com/gpu.memory")
         elif not n.single_mig_profile:
-            check.true("memory-plausible", p.memory_plausible(memory),
-                       expected=f"{p.memory_mib} MiB +-{catalog.MEMORY_TOLERANCE:.0%} ({p.label})",
+            named = n.catalog_name or catalog.Named(p.label, p)
+            check.true("memory-plausible", named.memory_plausible(memory),
+                       expected=f"{named.memory_mib} MiB +-{catalog.MEMORY_TOLERANCE:.0%} ({named.what})",
                        actual=f"{memory} MiB", what="nvidia.com/gpu.memory")
     family = n.label("nvidia.com/gpu.family")
     if family is not None:
@@ -95,7 +98,8 @@ def _products(n) -> set[str]:
     """The node's product(s) in the catalog's spelling; a DRA node: every product its devices name."""
     if n.scheme != "dra":
         return {n.catalog_product.label}
-    return {getattr(catalog.lookup(d.product), "label", d.product) or "(none)" for d in n.dra_devices}
+    named = {d.product: catalog.resolve(d.product) for d in n.dra_devices}
+    return {(named[d.product].product.label if named[d.product] else d.product) or "(none)" for d in n.dra_devices}
 
 
 def _dra_devices_fit_product(n, check) -> None:
@@ -106,9 +110,9 @@ def _dra_devices_fit_product(n, check) -> None:
         if d.type == "gpu":
             whole[(d.product, d.memory_mib)] = whole.get((d.product, d.memory_mib), 0) + 1
     for (product, memory), count in sorted(whole.items(), key=str):
-        p = catalog.lookup(product)
+        p = catalog.resolve(product)   # a vGPU profile: its physical product, with the profile's memory
         if p is None:
             continue                   # product-known warns: the catalog cannot judge it
         check.true("memory-plausible", memory is not None and p.memory_plausible(memory),
-                   expected=f"{p.memory_mib} MiB +-{catalog.MEMORY_TOLERANCE:.0%} ({p.label})",
+                   expected=f"{p.memory_mib} MiB +-{catalog.MEMORY_TOLERANCE:.0%} ({p.what})",
                    actual=f"{memory} MiB", what=f"memory of {count} {product} device(s) NVIDIA's DRA driver publishes")

@@ -287,7 +287,8 @@ def attribute_mismatches(node) -> tuple[list[str], list[str]]:
     """
     lab = node.labels
     product_label = catalog.base_product(lab.get("nvidia.com/gpu.product", "")) if node.gfd else ""
-    known = catalog.lookup(product_label) if product_label else None
+    labelled = catalog.resolve(product_label) if product_label else None     # GRID-A100-40C: a vGPU profile
+    known = labelled.product if labelled else None
     family = lab.get("nvidia.com/gpu.family", "")
     cmaj, cmin = lab.get("nvidia.com/gpu.compute.major"), lab.get("nvidia.com/gpu.compute.minor")
     driver = node.driver_version if node.gfd else ""
@@ -295,14 +296,17 @@ def attribute_mismatches(node) -> tuple[list[str], list[str]]:
     bad, compared = [], set()
     for d in node.dra_devices:
         where = f"{d.name}"
-        known_here = known or catalog.lookup(d.product)
+        named = catalog.resolve(d.product)          # NVML's spellings and vGPU profiles (catalog.resolve)
+        named_here = labelled or named
+        known_here = known or (named.product if named else None)
         if product_label:
             compared.add("productName vs nvidia.com/gpu.product")
-            if d.product != product_label:
+            if d.product != product_label and not (labelled and labelled.same(named)):
                 bad.append(f"{where} productName {d.attributes.get('productName')!r} (as a label "
                            f"{d.product!r}) != nvidia.com/gpu.product {product_label!r}")
-        elif known_here is None:
-            bad.append(f"{where} productName {d.attributes.get('productName')!r} is not a product gpuproof knows")
+        elif named is None:
+            bad.append(f"{where} productName {d.attributes.get('productName')!r} is not a product gpuproof knows "
+                       f"({catalog.why_unknown(d.product)})")
         mem = d.memory_mib
         if d.type == "mig":
             want = as_int(lab.get(f"nvidia.com/mig-{d.profile}.memory"))
@@ -322,9 +326,9 @@ def attribute_mismatches(node) -> tuple[list[str], list[str]]:
             if mem is None or abs(mem - whole_mem) > 1:
                 bad.append(f"{where} memory {d.capacity.get('memory')} ({mem} MiB) != nvidia.com/gpu.memory "
                            f"{whole_mem} MiB")
-        elif known_here is not None and (mem is None or not known_here.memory_plausible(mem)):
-            bad.append(f"{where} memory {mem} MiB is implausible for {known_here.label} "
-                       f"(catalog: {known_here.memory_mib} MiB)")
+        elif named_here is not None and (mem is None or not named_here.memory_plausible(mem)):
+            bad.append(f"{where} memory {mem} MiB is implausible for {named_here.what} "
+                       f"(catalog: {named_here.memory_mib} MiB)")
         arch = str(d.attributes.get("architecture", ""))
         want_family = family or (known_here.family if known_here else "")
         if want_family:

@@ -136,14 +136,20 @@ class GpuNode:
         return catalog.instance_type(self.labels.get(INSTANCE_TYPE))
 
     @functools.cached_property
+    def catalog_name(self) -> catalog.Named | None:
+        """The product GFD's label or the DRA devices name, read however the driver spells it: a vGPU profile
+        (``GRID-A100-40C``) is its physical product with the profile's memory (:func:`catalog.resolve`)."""
+        if self.scheme in ("gfd", "dra"):
+            return catalog.resolve(self.product)
+        return None
+
+    @functools.cached_property
     def catalog_product(self) -> catalog.Product | None:
         """The catalog's entry for the product, by whichever scheme names it."""
         scheme, lab = self.scheme, self.labels
         found = None
-        if scheme == "gfd":
-            return catalog.lookup(lab.get("nvidia.com/gpu.product", ""))
-        if scheme == "dra":
-            return catalog.lookup(self.product)
+        if scheme in ("gfd", "dra"):
+            return self.catalog_name.product if self.catalog_name else None
         if scheme == "gke":
             found = catalog.by_alias("gke", lab[GKE_ACCELERATOR])
         elif scheme == "karpenter":
