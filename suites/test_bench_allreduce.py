@@ -59,7 +59,8 @@ def test_allreduce_multi_node_per_product(target, run, run_dir, gpu_products, di
         try:
             params = bench_checks.bench_params(bench, run, {"straggler_pct": pct})
             result = bench.run_multinode(run, params, product=product,
-                                         nnodes=nnodes, gpus_per_node=gpus, image=bench_checks.image(run))
+                                         nnodes=nnodes, gpus_per_node=gpus, image=bench_checks.image(run),
+                                         tolerations=bench_checks.node_tolerations(discovery, *nodes))
         except Exception as exc:  # noqa: BLE001  one product failing must not hide the others
             check.true("allreduce-multinode-result", False, bench_checks.RESULT_OK, str(exc), what=what,
                        target=sorted(nodes)[0])

@@ -18,7 +18,7 @@ import pytest
 from gpuproof.bench import census, get
 from gpuproof.errors import ApiUnreachable, GpuproofError
 from gpuproof.plugin import bench_checks
-from gpuproof.plugin.checks import free_on
+from gpuproof.plugin.checks import free_on, tolerations_for
 from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "census"
@@ -39,7 +39,8 @@ def census_pod(run, target, discovery, node, lane):
         try:
             return pool, bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=asked,
                                               resource=resource, image=bench_checks.image(run),
-                                              timeout=target.timeout(bench.timeout_s), lane=lane)
+                                              timeout=target.timeout(bench.timeout_s), lane=lane,
+                                              tolerations=tolerations_for(node))
         except ApiUnreachable:      # the API server or the node gone: not judged (the plugin), no pod error
             raise
         except GpuproofError as exc:

@@ -20,7 +20,7 @@ from gpuproof.bench import get
 from gpuproof.plugin import bench_checks
 from gpuproof.bench.health import extra_args_from_env, record_checks
 from gpuproof.errors import ApiUnreachable, GpuproofError
-from gpuproof.plugin.checks import free_on
+from gpuproof.plugin.checks import free_on, tolerations_for
 from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "health"
@@ -38,7 +38,8 @@ def health_pod(run, target, discovery, node, lane):
         try:
             result = bench.run_in_cluster(run, params, product=node.product, node=node.name, gpus=min(gpus, free),
                                           resource=resource, image=bench_checks.image(run),
-                                          timeout=target.timeout(bench.timeout_s), lane=lane)
+                                          timeout=target.timeout(bench.timeout_s), lane=lane,
+                                          tolerations=tolerations_for(node))
         except ApiUnreachable:      # the API server or the node gone: not judged (the plugin), no pod error
             raise
         except GpuproofError as exc:

@@ -71,8 +71,10 @@ def test_gpu_pod():
     assert c["command"] == ["python", "/gpuproof/workloads/matmul.py", "--sizes", "8192"]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 1}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
-                                    "kubernetes.io/hostname": "gpu-node-1"}
+    # a named node: pinned by its name, as the suites' pods are (gpuproof.cluster.placement), not a hostname label
+    assert "nodeSelector" not in spec
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}]
     assert spec["restartPolicy"] == "Never"
     assert spec["volumes"][0]["configMap"]["name"] == wl.CONFIGMAP_NAME
     assert c["volumeMounts"][0]["mountPath"] == wl.MOUNT_PATH
@@ -178,3 +180,22 @@ def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workloa
     plain = wl.workload_pod("p", "probe", labels=LABELS, namespace=NS)       # a stock image: nothing lent
     assert "imagePullPolicy" not in plain["spec"]["containers"][0]
     assert not [v for v in plain["spec"]["volumes"] if "hostPath" in v]
+
+
+def test_a_bench_pod_tolerates_its_nodes_own_taints():
+    """AKS's GPU pools are tainted ``sku=gpu:NoSchedule`` (no nvidia.com/gpu taint): a bench pod meant for such a node
+    tolerates exactly that node's taints, as the suites' pods do, and never a cordon it was not given."""
+    from gpuproof.cluster.placement import tolerate
+
+    aks = [{"key": "sku", "value": "gpu", "effect": "NoSchedule"},
+           {"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}]
+    pod = wl.workload_pod("bench-hbm-a100", "hbm", labels=LABELS, namespace=NS, gpus=1, node="aks-gpu-0",
+                          tolerations=tolerate(aks))
+    assert pod["spec"]["tolerations"] == [{"key": "sku", "operator": "Exists"},
+                                          {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]
+    job = [o for o in wl.allreduce_multinode("ar-multi-a100", 2, 8, labels=LABELS, namespace=NS,
+                                             tolerations=tolerate(aks + aks)) if o["kind"] == "Job"][0]
+    assert job["spec"]["template"]["spec"]["tolerations"] == pod["spec"]["tolerations"]      # each key once
+    untainted = wl.workload_pod("bench-hbm-l4", "hbm", labels=LABELS, namespace=NS, gpus=1, node="l4-0",
+                                tolerations=tolerate([]))
+    assert "tolerations" not in untainted["spec"]

@@ -214,23 +214,25 @@ class Benchmark:
     # -- in a cluster
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
                   node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
-                  resource: str = wl.GPU_RESOURCE) -> list[dict]:
+                  resource: str = wl.GPU_RESOURCE, tolerations: list[dict] | None = None) -> list[dict]:
         pod = wl.workload_pod(name, self.script, self.workload_args(params), labels=labels, namespace=namespace,
-                              image=image, gpus=gpus, resource=resource, product=product, node=node)
+                              image=image, gpus=gpus, resource=resource, product=product, node=node,
+                              tolerations=tolerations)
         return [pod]
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
-                       timeout: float | None = None, lane=None) -> dict:
+                       timeout: float | None = None, lane=None, tolerations: list[dict] | None = None) -> dict:
         """Run the workload pod on ``node`` (or any node of ``product``); return its JSON result.
 
         ``lane``: a fan-out's (:class:`gpuproof.plugin.fanout.Lane`): its labels go on the pod, the waits go through
-        its shared watch, and the pod is gone before this returns (the node's GPUs free for the next check)."""
+        its shared watch, and the pod is gone before this returns (the node's GPUs free for the next check).
+        ``tolerations``: the node's own taints' (gpuproof.cluster.placement.tolerate)."""
         name = pod_name(self.name, self.pod_key(product, node))
         ensure_configmap(run)
         labels = {**run.labels, **(lane.labels if lane is not None else {})}
         objs = self.manifests(params, labels=labels, namespace=run.namespace, name=name, product=product,
-                              node=node, image=image, gpus=gpus, resource=resource)
+                              node=node, image=image, gpus=gpus, resource=resource, tolerations=tolerations)
         with applied(run, objs, lane=lane):
             if lane is not None:
                 lane.wait_done(name, timeout=timeout or self.timeout_s)

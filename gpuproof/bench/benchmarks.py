@@ -190,19 +190,23 @@ class AllReduce(Benchmark):
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
                   node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
-                  resource: str = wl.GPU_RESOURCE) -> list[dict]:
+                  resource: str = wl.GPU_RESOURCE, tolerations: list[dict] | None = None) -> list[dict]:
         args = self.workload_args({**params, "nproc": None, "ranks_per_node": None})  # torchrun starts the ranks
         return [wl.workload_pod(name, self.script, args, labels=labels, namespace=namespace, image=image,
-                                gpus=gpus, resource=resource, product=product, node=node, torchrun=True)]
+                                gpus=gpus, resource=resource, product=product, node=node, torchrun=True,
+                                tolerations=tolerations)]
 
     def run_multinode(self, run, params: dict, *, product: str, nnodes: int, gpus_per_node: int,
-                      image: str = wl.DEFAULT_IMAGE, timeout: float | None = None) -> dict:
-        """Indexed Job over ``nnodes`` nodes of ``product``; the result is in the index-0 pod's log."""
+                      image: str = wl.DEFAULT_IMAGE, timeout: float | None = None,
+                      tolerations: list[dict] | None = None) -> dict:
+        """Indexed Job over ``nnodes`` nodes of ``product``; the result is in the index-0 pod's log.
+        ``tolerations``: the product's nodes' own taints'."""
         name = pod_name("ar-multi", product)
         ensure_configmap(run)
         args = self.workload_args({**params, "nproc": None, "ranks_per_node": None})
         objs = wl.allreduce_multinode(name, nnodes, gpus_per_node, args, labels=run.labels,
-                                      namespace=run.namespace, image=image, product=product)
+                                      namespace=run.namespace, image=image, product=product,
+                                      tolerations=tolerations)
         index_annotation = "batch.kubernetes.io/job-completion-index"
 
         def index0_done(cache):
@@ -456,10 +460,11 @@ class Inference(Benchmark):
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
                   node: str | None = None, image: str = wl.DEFAULT_IMAGE, gpus: int = 1,
-                  resource: str = wl.GPU_RESOURCE, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> list[dict]:
+                  resource: str = wl.GPU_RESOURCE, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE,
+                  tolerations: list[dict] | None = None) -> list[dict]:
         server = wl.inference_manifests(name, labels=labels, namespace=namespace, image=image, gpus=gpus,
-                                        resource=resource,
-                                        product=product, node=node, server_args=self.workload_args(params))
+                                        resource=resource, product=product, node=node,
+                                        server_args=self.workload_args(params), tolerations=tolerations)
         from .loadpods import DISTRIBUTION_FLAGS, pick_flags
 
         # one load generator pod; run_in_cluster sizes and starts a master + N worker pods where needed
@@ -470,7 +475,8 @@ class Inference(Benchmark):
 
     def run_in_cluster(self, run, params: dict, *, product: str, node: str | None, gpus: int = 1,
                        resource: str = wl.GPU_RESOURCE, image: str = wl.DEFAULT_IMAGE,
-                       timeout: float | None = None, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE) -> dict:
+                       timeout: float | None = None, loadgen_image: str = wl.DEFAULT_LOADGEN_IMAGE,
+                       tolerations: list[dict] | None = None) -> dict:
         """Deployment + Service on the GPU node; once Ready, the load generator in the cluster
         (:meth:`run_load_in_cluster`). With ``params["url"]`` (the user's endpoint) only the load."""
         name = pod_name("infer", product)
@@ -481,7 +487,7 @@ class Inference(Benchmark):
                                 None, [])
         server = wl.inference_manifests(name, labels=run.labels, namespace=run.namespace, image=image, gpus=gpus,
                                         resource=resource, product=product, node=node,
-                                        server_args=self.workload_args(params))
+                                        server_args=self.workload_args(params), tolerations=tolerations)
         selector = f"{wl.WORKLOAD_LABEL}={name},{wl.COMPONENT_LABEL}=inference-server"
         with applied(run, server):
             run.wait_pods(lambda c: next((p for p in c.values() if pod_ready(p)), None), self.ready_timeout_s,

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from .. import package_folder
+from ..cluster.placement import pin_to
 from ..errors import GpuproofError
 from ..images import DEFAULT_IMAGE, DEFAULT_LOADGEN_IMAGE, Image, as_image  # noqa: F401  (wl.Image, ...)
 
@@ -107,12 +108,8 @@ def _tolerations() -> list[dict]:
 
 
 def _node_selector(product: str | None, node: str | None) -> dict:
-    sel = {}
-    if product:
-        sel[PRODUCT_LABEL] = product
-    if node:
-        sel["kubernetes.io/hostname"] = node
-    return sel
+    """Any node of the product, when no node is named (a named node is pinned by affinity: placement.pin_to)."""
+    return {PRODUCT_LABEL: product} if product and not node else {}
 
 
 def _volumes(configmap_name: str, shm: bool, image: "str | Image" = "") -> tuple[list[dict], list[dict]]:
@@ -156,14 +153,21 @@ def _container(name: str, image: "str | Image", command: list[str], gpus: int, r
 
 
 def _pod_spec(container: dict, volumes: list[dict], gpus: int, product: str | None, node: str | None,
-              restart: str = "Never", deadline_s: int | None = None) -> dict:
+              restart: str = "Never", deadline_s: int | None = None, tolerations: list[dict] | None = None) -> dict:
+    """``tolerations``: those of the node(s) the pod is meant for (placement.tolerate over their taints); without
+    them a GPU pod tolerates ``nvidia.com/gpu`` only."""
     spec: dict[str, Any] = {"restartPolicy": restart, "containers": [container], "volumes": volumes,
                             "enableServiceLinks": False}
-    if gpus:
+    if tolerations is not None:
+        if tolerations:
+            spec["tolerations"] = list(tolerations)
+    elif gpus:
         spec["tolerations"] = _tolerations()
     sel = _node_selector(product, node)
     if sel:
         spec["nodeSelector"] = sel
+    if node:
+        spec["affinity"] = pin_to(node)
     if deadline_s:
         spec["activeDeadlineSeconds"] = int(deadline_s)
     return spec
@@ -187,7 +191,8 @@ def configmap(*, labels: dict, namespace: str, name: str = CONFIGMAP_NAME, inclu
 def workload_pod(name: str, script: str, args: Iterable[str] = (), *, labels: dict, namespace: str,
                  image: str = DEFAULT_IMAGE, gpus: int = 1, resource: str = GPU_RESOURCE,
                  product: str | None = None, node: str | None = None, configmap_name: str = CONFIGMAP_NAME,
-                 env: dict | None = None, torchrun: bool = False, deadline_s: int = 3600) -> dict:
+                 env: dict | None = None, torchrun: bool = False, deadline_s: int = 3600,
+                 tolerations: list[dict] | None = None) -> dict:
     """A Pod running ``python /gpuproof/workloads/<script> <args>`` once.
 
     ``torchrun=True`` starts one rank per GPU with ``torchrun --standalone``
@@ -203,7 +208,7 @@ def workload_pod(name: str, script: str, args: Iterable[str] = (), *, labels: di
     container = _container("workload", image, cmd, gpus, resource, mounts, env)
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _meta(name, namespace, labels, _own_labels(name, script.removesuffix(".py"))),
-            "spec": _pod_spec(container, vols, gpus, product, node, deadline_s=deadline_s)}
+            "spec": _pod_spec(container, vols, gpus, product, node, deadline_s=deadline_s, tolerations=tolerations)}
 
 
 def workload_job(name: str, script: str, args: Iterable[str] = (), *, labels: dict, namespace: str,
@@ -223,7 +228,7 @@ def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterab
                         labels: dict, namespace: str, image: str = DEFAULT_IMAGE, resource: str = GPU_RESOURCE,
                         product: str | None = None, port: int = RDZV_PORT, configmap_name: str = CONFIGMAP_NAME,
                         env: dict | None = None, deadline_s: int = 3600,
-                        rendezvous_timeout_s: int = 600) -> list[dict]:
+                        rendezvous_timeout_s: int = 600, tolerations: list[dict] | None = None) -> list[dict]:
     """A headless Service and an indexed Job: one pod per node, torchrun on each.
 
     Pods get stable DNS names ``<name>-<index>.<name>`` (hostname + subdomain); rank 0's
@@ -251,7 +256,7 @@ def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterab
     container["ports"] = [{"containerPort": port, "name": "rendezvous"}]
     # the all-reduce names each node in its per-node figures (and stragglers) by this
     container["env"].append({"name": "GPUPROOF_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
-    spec = _pod_spec(container, vols, gpus_per_node, product, None)
+    spec = _pod_spec(container, vols, gpus_per_node, product, None, tolerations=tolerations)
     spec["subdomain"] = name
     spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {WORKLOAD_LABEL: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
@@ -274,7 +279,8 @@ def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterab
 def inference_manifests(name: str, *, labels: dict, namespace: str, image: str = DEFAULT_IMAGE,
                         gpus: int = 1, resource: str = GPU_RESOURCE, product: str | None = None,
                         node: str | None = None, server_args: Iterable[str] = (), port: int = INFERENCE_PORT,
-                        configmap_name: str = CONFIGMAP_NAME, env: dict | None = None) -> list[dict]:
+                        configmap_name: str = CONFIGMAP_NAME, env: dict | None = None,
+                        tolerations: list[dict] | None = None) -> list[dict]:
     """Deployment (1 replica, readiness probe on /healthz) and a ClusterIP Service."""
     _check_name(name)
     own = _own_labels(name, "inference-server")
@@ -287,7 +293,7 @@ def inference_manifests(name: str, *, labels: dict, namespace: str, image: str =
                                    "timeoutSeconds": 2, "failureThreshold": 3}
     container["startupProbe"] = {"httpGet": {"path": HEALTH_PATH, "port": port}, "periodSeconds": 2,
                                  "failureThreshold": 300}  # image pull excluded; model load up to 10 min
-    spec = _pod_spec(container, vols, gpus, product, node, restart="Always")
+    spec = _pod_spec(container, vols, gpus, product, node, restart="Always", tolerations=tolerations)
     spec["terminationGracePeriodSeconds"] = 30
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",

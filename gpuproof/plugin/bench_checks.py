@@ -109,6 +109,18 @@ def node_gpus(discovery, node_name: str, all_gpus: bool = False) -> tuple[str, i
     return res, max(1, count)
 
 
+def node_tolerations(discovery, *node_names: str) -> list[dict] | None:
+    """Tolerations of exactly these nodes' own taints (gpuproof.cluster.placement), or None where discovery does not
+    know them (a GPU pod then tolerates ``nvidia.com/gpu`` only)."""
+    from ..cluster.placement import tolerate
+
+    try:
+        nodes = [discovery.node(n) for n in node_names]
+    except Exception:
+        return None
+    return tolerate(t for n in nodes for t in n.taints)
+
+
 def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]], discovery=None,
                     params: dict | None = None, all_gpus: bool = False,
                     timeout: float | None = None) -> dict[str, Any]:
@@ -124,7 +136,8 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
         extra = {"loadgen_image": loadgen_image(run)} if name == "inference" else {}
         try:
             result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
-                                          image=image(run), timeout=timeout, **extra)
+                                          image=image(run), timeout=timeout,
+                                          tolerations=node_tolerations(discovery, node), **extra)
         except GpuproofError as exc:
             out[product] = f"{node}: {exc}"
             continue

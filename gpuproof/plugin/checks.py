@@ -7,6 +7,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from ..cluster.placement import pin_to, tolerate  # noqa: F401  (pin_to: the suites' name for it)
 from ..discovery.nodes import GpuNode
 from ..images import PAUSE_IMAGE
 
@@ -15,18 +16,7 @@ TOLERATE_ALL = [{"operator": "Exists"}]
 
 def tolerations_for(node: GpuNode) -> list[dict]:
     """Tolerate exactly the node's own taints (so only the thing under test decides placement)."""
-    seen, out = set(), []
-    for t in node.taints:
-        if t["key"] not in seen:
-            seen.add(t["key"])
-            out.append({"key": t["key"], "operator": "Exists"})
-    return out
-
-
-def pin_to(node_name: str) -> dict:
-    """Required node affinity on the hostname: the scheduler still decides (unlike spec.nodeName)."""
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}
+    return tolerate(node.taints)
 
 
 def pod(name: str, limits: dict | None = None, *, node: str | None = None, tolerations: list | None = None,

@@ -1,0 +1,30 @@
+"""Where gpuproof's pods go, one policy for the suites' pods and the benchmarks' (issue #40: the bench pods were
+pinned by the ``kubernetes.io/hostname`` label and tolerated only ``nvidia.com/gpu``, so a GPU node tainted with a
+key of its own, AKS's ``sku=gpu:NoSchedule`` for one, never took them):
+
+- a pod meant for one node is pinned to it by required node affinity on ``metadata.name`` (the scheduler still
+  decides, unlike ``spec.nodeName``; a hostname label may differ from the node's name);
+- it tolerates exactly the taints of the node(s) it is meant for, so only the thing under test decides placement;
+  never a blanket toleration, which would also pass a cordon (``node.kubernetes.io/unschedulable``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+def pin_to(node_name: str) -> dict:
+    """Required node affinity on the node's name."""
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}
+
+
+def tolerate(taints: Iterable[dict]) -> list[dict]:
+    """A toleration for each key among ``taints`` (a node's ``spec.taints``, as dicts), each key once."""
+    seen, out = set(), []
+    for t in taints:
+        key = t.get("key")
+        if key and key not in seen:
+            seen.add(key)
+            out.append({"key": key, "operator": "Exists"})
+    return out
