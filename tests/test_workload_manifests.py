@@ -75,6 +75,9 @@ def test_gpu_pod():
     assert "nodeSelector" not in spec
     assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}]
+    from gpuproof.cluster.placement import pinned_node
+
+    assert pinned_node(spec) == "gpu-node-1"             # what gpuproof plan shows as the pod's node
     assert spec["restartPolicy"] == "Never"
     assert spec["volumes"][0]["configMap"]["name"] == wl.CONFIGMAP_NAME
     assert c["volumeMounts"][0]["mountPath"] == wl.MOUNT_PATH

@@ -19,6 +19,17 @@ def pin_to(node_name: str) -> dict:
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}
 
 
+def pinned_node(pod_spec: dict) -> str | None:
+    """The node a pod spec is pinned to by :func:`pin_to` (or by the ``kubernetes.io/hostname`` label), else None."""
+    terms = ((((pod_spec.get("affinity") or {}).get("nodeAffinity") or {})
+              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
+    for term in terms:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and field.get("values"):
+                return field["values"][0]
+    return (pod_spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+
+
 def tolerate(taints: Iterable[dict]) -> list[dict]:
     """A toleration for each key among ``taints`` (a node's ``spec.taints``, as dicts), each key once."""
     seen, out = set(), []

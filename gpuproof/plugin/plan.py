@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 
+from ..cluster.placement import pinned_node
 from ..errors import GpuproofError
 
 MARKER = "creates"
@@ -278,7 +279,7 @@ def _from_manifest(m: dict) -> dict:
         gpu = {k: v for k, v in limits.items() if "nvidia.com/" in k}
         obj["requests"] = ", ".join(f"{v} {k}" for k, v in sorted(gpu.items())) or "no GPU"
         sel = pod_spec.get("nodeSelector") or {}
-        host = sel.get("kubernetes.io/hostname")
+        host = pinned_node(pod_spec)
         obj["node"] = host
         selector = "nodeSelector " + ", ".join(f"{k}={v}" for k, v in sorted(sel.items())) if sel else ""
         obj["placement"] = f"pinned to {host}" if host else (selector or "the scheduler's choice")
