@@ -107,7 +107,7 @@ def test_a_node_lost_under_a_health_or_census_pod_is_no_pod_error(monkeypatch, s
     monkeypatch.setattr(mod, "get", lambda name: Bench())
     target = SimpleNamespace(cluster=None, timeout=lambda s: s)
     lane = SimpleNamespace(pods=lambda n: contextlib.nullcontext())
-    node = SimpleNamespace(name="h100-1", product="NVIDIA-H100-80GB-HBM3")
+    node = SimpleNamespace(name="h100-1", product="NVIDIA-H100-80GB-HBM3", taints=[])
     with pytest.raises(NodeLost, match="node h100-1 was deleted during the run"):
         getattr(mod, work)(None, target, None, node, lane)
 
@@ -150,12 +150,24 @@ def _waiter(fn, entered: threading.Event, out: dict, key: str) -> threading.Thre
     return t
 
 
-def test_a_pod_wait_on_a_node_deleted_under_it_ends_at_once_naming_it(embedded):
+def _not_ready(cluster, name: str) -> None:
+    """The node's Ready condition made False, as the node lifecycle controller or a kubelet would (the test's doing:
+    kwok's heartbeat may make it True again; the node stays lost)."""
+    import datetime as dt
+
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cluster.core.patch_node_status(name, {"status": {"conditions": [
+        {"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": "turned NotReady by the test",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+
+
+@pytest.mark.parametrize("fault", ["deleted", "not_ready"])
+def test_a_pod_wait_on_a_node_lost_under_it_ends_at_once_naming_it(embedded, fault):
     """Run.wait_pods (one watch per wait) and PodWatch (the fan-out's shared watch) both wait for a pod on a kwok node
-    to finish (it never does: deadline 300 s); the node is deleted: both end within seconds with NodeLost naming it,
-    and the pod on the other node is still waited on as before. The fleet is loaded for the test, and the mixed fleet
-    comes back when the cluster is next used (conftest's fleet_loaded)."""
-    from gpuproof.cluster.api import Run, connect, watch_until
+    to finish (it never does: deadline 300 s); the node is deleted, or turned NotReady: both end within seconds with
+    NodeLost naming it, and the pod on the other node is still waited on as before. The fleet is loaded for the test,
+    and the mixed fleet comes back when the cluster is next used (conftest's fleet_loaded)."""
+    from gpuproof.cluster.api import Run, connect
     from gpuproof.cluster.nodewatch import watch_nodes
     from gpuproof.cluster.podwatch import PodWatch
     from gpuproof.plugin.checks import TOLERATE_ALL, pod
@@ -183,13 +195,20 @@ def test_a_pod_wait_on_a_node_deleted_under_it_ends_at_once_naming_it(embedded):
                     p is not None and p.status.phase in finished), 300, "to finish"), in_shared, out, "shared")]
             assert in_run.wait(60) and in_shared.wait(60), "the waits never looked at their pod"
             deleted = time.monotonic()
-            cluster.core.delete_node("l4-0")          # the test's doing: gpuproof never deletes a node
+            if fault == "deleted":
+                cluster.core.delete_node("l4-0")      # the test's doing: gpuproof never deletes a node
+            else:
+                _not_ready(cluster, "l4-0")
             for t in threads:
                 t.join(60)
             for key in ("run", "shared"):
                 exc = out.get(key)
                 assert isinstance(exc, NodeLost) and exc.node == "l4-0", (key, exc)
-                assert str(exc).startswith("node l4-0 was deleted during the run (at "), str(exc)
+                said = ("node l4-0 was deleted during the run (at " if fault == "deleted" else
+                        "node l4-0 went NotReady at ")
+                assert str(exc).startswith(said), str(exc)
+                if fault == "not_ready":
+                    assert "(Ready=False (KubeletNotReady: turned NotReady by the test))" in str(exc), str(exc)
                 assert "gave up waiting for pod held-0 on it: pod " in str(exc), str(exc)
                 assert out[f"{key}_ended"] - deleted < 15, (key, out[f"{key}_ended"] - deleted)   # not at 300 s
             assert watcher.reason("l4-0") and not watcher.reason("l4-1")
@@ -201,7 +220,6 @@ def test_a_pod_wait_on_a_node_deleted_under_it_ends_at_once_naming_it(embedded):
             watcher.stop()
             run.cleanup(wait=True, timeout=120)
         assert run.run_id not in cluster.leftover_runs()
-        watch_until(cluster.core.list_node, lambda c: "l4-0" not in c, 30, "node l4-0 to stay deleted")
 
 
 # three replay nodes: their health, census and topology pods run (kwok serves recorded logs), one node at a time
