@@ -9,6 +9,8 @@ that product or profile cannot have, still fail. Pure: no cluster.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ import yaml
 from gpuproof import catalog
 from gpuproof.discovery import dra
 from gpuproof.discovery.nodes import discover
+from gpuproof.plugin.fixtures import Checker
+from gpuproof.results import RunDir
 
 DATA = Path(__file__).parent / "data" / "names"
 REAL = yaml.safe_load((DATA / "real-names.yaml").read_text())
@@ -177,3 +181,35 @@ def test_nvml_spellings_of_the_labelled_product_agree():
         productName={"string": "A100-SXM4-40GB"})))
     bad, _ = dra.attribute_mismatches(nodes["40c"])
     assert any("productName 'A100-SXM4-40GB'" in b for b in bad), bad
+
+
+def _plausibility(tmp_path, node):
+    """suites/test_plausibility.py's node tests on one node, with a real Checker; (checker, records)."""
+    spec = importlib.util.spec_from_file_location("gpuproof_suite_plausibility",
+                                                  Path(__file__).parents[1] / "suites" / "test_plausibility.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run_dir = RunDir(tmp_path / "run")
+    checker = Checker(run_dir, module.FEATURE, known_nodes={node.name: node})
+    module.test_product_in_catalog(gpu_node=node, check=checker)
+    module.test_gpus_fit_product(gpu_node=node, check=checker)
+    return checker, [json.loads(ln) for ln in (run_dir.path / "checks.jsonl").read_text().splitlines()]
+
+
+def test_the_plausibility_suite_judges_a_real_vgpu_node_by_its_profile(tmp_path):
+    checker, records = _plausibility(tmp_path, _vks()["4c"])
+    checker.finish()
+    assert {(r["check"], r["verdict"]) for r in records} == {
+        ("product-known", "pass"), ("memory-plausible", "pass"), ("family-plausible", "pass"),
+        ("compute-plausible", "pass")}
+    assert next(r for r in records if r["check"] == "product-known")["actual"] == "NVIDIA-A100-PCIE-40GB"
+
+
+def test_the_plausibility_suite_fails_a_vgpu_node_with_a_memory_its_profile_cannot_have(tmp_path):
+    node = _vks(edit=lambda d: d["nodes"][1]["labels"].update({"nvidia.com/gpu.memory": "40960"}))["4c"]
+    checker, records = _plausibility(tmp_path, node)
+    with pytest.raises(pytest.fail.Exception):
+        checker.finish()
+    rec, = [r for r in records if r["verdict"] == "fail"]
+    assert (rec["check"], rec["actual"]) == ("memory-plausible", "40960 MiB")
+    assert rec["expected"] == "4096 MiB +-7% (vGPU A100-4C of a NVIDIA-A100-PCIE-40GB)"
