@@ -19,7 +19,7 @@ import yaml
 
 from gpuproof.discovery import driver
 from gpuproof.discovery.nodes import discover
-from gpuproof.plugin.fixtures import Checker
+from gpuproof.plugin.fixtures import Checker, GpuproofWarning
 from gpuproof.results import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,7 +177,8 @@ def test_healthy_node_passes(tmp_path, monkeypatch):
 
 def test_a_node_advertising_nothing_warns_and_skips(tmp_path, monkeypatch):
     node = _node(drop=("nvidia.com/cuda.",), slices=False)
-    checker, records, asked = run_suite(tmp_path, monkeypatch, node, probe_result())
+    with pytest.warns(GpuproofWarning, match="advertises neither its driver version nor its CUDA driver version"):
+        checker, records, asked = run_suite(tmp_path, monkeypatch, node, probe_result())
     assert asked == [] and [(r["check"], r["verdict"]) for r in records] == [
         ("driver-version-advertised", "warn"), ("driver-version-in-pod", "skip")]
 
