@@ -18,6 +18,14 @@
   exporter publishes has its utilization series there (``prometheus-gpu-series``), and a GPU the exporter attributes
   to a pod carries that pod in ``pod`` there too (``prometheus-pod-label``; a ServiceMonitor without
   ``honorLabels: true`` leaves it in ``exported_pod`` and fails with that reason). Without ``--prometheus`` it skips.
+- ``ai_service_metrics`` (``ai-service-metrics``), with ``--prometheus`` and the Prometheus operator's PodMonitor CRD
+  (else it skips, saying which is missing): gpuproof's inference server (its ``/metrics`` speaks the Prometheus text
+  format to a scraper) as a pod on a GPU node, a PodMonitor for it in the run's namespace (labelled as the
+  Prometheus objects' ``podMonitorSelector`` asks), N completions through the pod proxy; Prometheus'
+  ``gpuproof_inference_requests_total`` of the pod must read its first scrape's value + N. Permissions besides:
+  ``pods/proxy`` create, ``monitoring.coreos.com`` ``podmonitors`` create and ``prometheuses`` list. Proven against
+  real Prometheus scraping the server on the CPU, the cluster side stood in for
+  (tests/test_monitoring_service_prometheus.py); not yet on a cluster.
 
 Every node's exporter is read at once (the fan-out; reads hold no pod slot). Permissions: ``apps/daemonsets`` list,
 ``pods`` list, ``pods/proxy`` get. Proven on recorded outputs (tests/test_monitoring.py, against real Prometheus in
@@ -25,8 +33,10 @@ tests/test_monitoring_prometheus.py) and, for the cluster path, on a kubelet nod
 output with ``python -m http.server`` (tests/test_monitoring_kubelet.py).
 """
 
+import contextlib
 import dataclasses
 import json
+import time
 import urllib.parse
 import urllib.request
 
@@ -244,3 +254,173 @@ def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node,
     for f in monitoring.judge_prometheus(node.name, result["text"], result["stored"]):
         what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
         check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
+
+
+# ------------------------------------------------------------------ ai_service_metrics: an AI server's own metrics
+
+SERVICE_POD = "ai-service-metrics"
+SERVICE_REQUESTS = 5
+SERVICE_READY_S = 900.0           # the image's pull and the model's load
+SERVICE_DISCOVERY_S = 180.0       # the monitor found and the pod scraped once (the operator reloads Prometheus)
+SERVICE_SCRAPE_S = 120.0          # a scrape after the last answer (the PodMonitor asks for one every 5 s)
+SERVICE_POLL_S = 1.0
+MONITORING_GROUP = "monitoring.coreos.com"
+
+
+def podmonitors_served(cluster) -> bool:
+    """Does the API server serve the Prometheus operator's PodMonitor (``monitoring.coreos.com/v1``)? Discovery
+    needs no permission."""
+    from kubernetes import client as k8s
+
+    try:
+        found = k8s.CustomObjectsApi(cluster.api).get_api_resources(MONITORING_GROUP, "v1")
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == "podmonitors" for r in found.resources or [])
+
+
+def monitor_labels(cluster) -> tuple[dict, str]:
+    """The labels a PodMonitor needs for the cluster's Prometheus to select it (kube-prometheus-stack's selects
+    ``release: <its release>`` unless told otherwise), from the first Prometheus object's ``podMonitorSelector``,
+    and where they came from."""
+    from kubernetes import client as k8s
+
+    try:
+        found = k8s.CustomObjectsApi(cluster.api).list_cluster_custom_object(MONITORING_GROUP, "v1", "prometheuses")
+    except ApiException as exc:
+        return {}, f"no labels: the Prometheus objects could not be listed (HTTP {exc.status} {exc.reason})"
+    for p in found.get("items") or []:
+        meta, selector = p.get("metadata") or {}, (p.get("spec") or {}).get("podMonitorSelector")
+        if selector is not None and not selector.get("matchExpressions"):
+            labels = dict(selector.get("matchLabels") or {})
+            return labels, f"the podMonitorSelector of Prometheus {meta.get('namespace')}/{meta.get('name')}"
+    return {}, "no labels: no Prometheus object selects PodMonitors by labels alone"
+
+
+@dataclasses.dataclass
+class Served:
+    """The inference server pod the check judges."""
+    namespace: str
+    name: str
+    node: str
+    port: int
+    selector: dict          # its own labels, for the PodMonitor
+
+    @property
+    def pod(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@contextlib.contextmanager
+def serving(run, node: str, product: str):
+    """gpuproof's inference server (the tiny model: the work is not the point) as a pod on the node, Ready; deleted
+    after."""
+    from gpuproof.bench import workloads as wl
+    from gpuproof.bench.base import applied, ensure_configmap, pod_ready
+    from gpuproof.plugin import bench_checks
+
+    ensure_configmap(run)
+    deployment, _service = wl.inference_manifests(
+        SERVICE_POD, labels=run.labels, namespace=run.namespace, image=bench_checks.image(run), product=product,
+        node=node, server_args=["--model", "tiny", "--device", bench_checks.device(run)])
+    own = deployment["spec"]["selector"]["matchLabels"]
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {**deployment["metadata"], "labels": deployment["spec"]["template"]["metadata"]["labels"]},
+           "spec": deployment["spec"]["template"]["spec"]}
+    with applied(run, [pod]):
+        run.wait_pods(lambda c: c.get(SERVICE_POD) if SERVICE_POD in c and pod_ready(c[SERVICE_POD]) else None,
+                      SERVICE_READY_S, f"gpuproof's inference server {run.namespace}/{SERVICE_POD} to be Ready")
+        yield Served(run.namespace, SERVICE_POD, node, wl.INFERENCE_PORT, own)
+
+
+def create_pod_monitor(cluster, served: Served, labels: dict) -> None:
+    """A PodMonitor in the run's namespace that scrapes the server's ``/metrics`` every 5 s (the run namespace's
+    deletion deletes it)."""
+    from kubernetes import client as k8s
+
+    body = {"apiVersion": f"{MONITORING_GROUP}/v1", "kind": "PodMonitor",
+            "metadata": {"name": served.name, "namespace": served.namespace, "labels": labels},
+            "spec": {"selector": {"matchLabels": served.selector},
+                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "5s"}]}}
+    k8s.CustomObjectsApi(cluster.api).create_namespaced_custom_object(MONITORING_GROUP, "v1", served.namespace,
+                                                                      "podmonitors", body)
+
+
+def send_completions(cluster, served: Served, n: int) -> list[str]:
+    """``n`` completion requests to the server through the API server's pod proxy, one after another; the errors."""
+    errors = []
+    path = f"/api/v1/namespaces/{served.namespace}/pods/{served.name}:{served.port}/proxy/v1/completions"
+    for i in range(n):
+        try:
+            cluster.api.call_api(path, "POST", header_params={"Content-Type": "application/json",
+                                                              "Accept": "application/json"},
+                                 body={"prompt": f"request {i + 1} of {n}", "max_tokens": 4},
+                                 auth_settings=["BearerToken"], _preload_content=False,
+                                 _request_timeout=READ_TIMEOUT_S)
+        except ApiException as exc:
+            errors.append(f"request {i + 1}: HTTP {exc.status} {exc.reason}")
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            errors.append(f"request {i + 1}: {type(exc).__name__}: {exc}")
+    return errors
+
+
+def prometheus_api(url: str, path: str, **params) -> dict:
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{path}{query}", timeout=READ_TIMEOUT_S) as r:
+        answer = json.load(r)
+    if answer.get("status") != "success":
+        raise OSError(f"Prometheus answered {answer.get('errorType')}: {answer.get('error')}")
+    return answer["data"]
+
+
+def service_counter(url: str, served: Served, after: float | None, timeout: float) -> tuple[list, list]:
+    """Prometheus' request counter of the pod (an instant query's result) and its targets for the pod, once it has
+    a sample scraped after ``after`` (a Unix time; None: any sample), or as they are after ``timeout`` seconds."""
+    query = monitoring.service_query(served.name, served.namespace)
+    deadline = time.monotonic() + timeout
+    while True:
+        stamps = prometheus_api(url, "query", query=f"timestamp({query})")["result"]
+        if stamps and (after is None or any(float(s["value"][1]) > after for s in stamps)) \
+                or time.monotonic() >= deadline:
+            break
+        time.sleep(SERVICE_POLL_S)          # a poll of Prometheus, until a scrape or the deadline
+    result = prometheus_api(url, "query", query=query)["result"]
+    targets = monitoring.pod_targets(prometheus_api(url, "targets", state="active")["activeTargets"], served.pod)
+    return result, targets
+
+
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("Pod", SERVICE_POD, on="first", requests="1 {resource}", note="gpuproof's inference server")
+@pytest.mark.creates("PodMonitor", SERVICE_POD, note="when the cluster serves monitoring.coreos.com/v1")
+def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run, gpu_products, request, check):
+    """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
+    requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value + N)."""
+    url = request.config.getoption("prometheus", None)
+    if not url:
+        pytest.skip("no Prometheus named: --prometheus URL checks that gpuproof's inference server's metrics reach it")
+    if not podmonitors_served(target.cluster):
+        pytest.skip(f"the cluster serves no PodMonitor ({MONITORING_GROUP}/v1: the Prometheus operator's CRDs): "
+                    "nothing the run can create makes Prometheus discover a pod")
+    if not gpu_products:
+        pytest.skip("no GPU node runs GPU code here")
+    product = sorted(gpu_products)[0]
+    node = gpu_products[product][0]
+    labels, source = monitor_labels(target.cluster)
+    with serving(run, node, product) as served:
+        create_pod_monitor(target.cluster, served, {**labels, **run.labels})
+        result, targets = service_counter(url, served, None, SERVICE_DISCOVERY_S)
+        before = int(max((float(r["value"][1]) for r in result), default=0))
+        if result:
+            errors = send_completions(target.cluster, served, SERVICE_REQUESTS)
+            answered = time.time()
+            if not check.true("ai-service-metrics", not errors,
+                              f"{SERVICE_REQUESTS} completions from {served.pod} through the API server's pod proxy",
+                              "; ".join(errors), what="gpuproof's inference server", target=node):
+                return
+            result, targets = service_counter(url, served, answered, SERVICE_SCRAPE_S)
+    for f in monitoring.judge_service_metrics(node, served.pod, before + SERVICE_REQUESTS, result, targets, before):
+        check.true(f.check, f.verdict == "pass", f.expected, f.actual,
+                   what=f"{f.check} (PodMonitor labels: {source})" + (f" ({f.reason})" if f.reason else ""),
+                   target=node)

@@ -31,7 +31,8 @@ BUILT = {
                                     "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
     ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
                                         "dcgm-host-label",                            # monitoring.CHECKS
-                                        "prometheus-gpu-series", "prometheus-pod-label"},     # and PROMETHEUS_CHECKS
+                                        "prometheus-gpu-series", "prometheus-pod-label",      # and PROMETHEUS_CHECKS
+                                        "ai-service-metrics"},                                # and SERVICE_CHECKS
 }
 
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
@@ -76,6 +77,7 @@ def fault_tables() -> dict[str, dict]:
     import test_kubelet_faults
     import test_monitoring
     import test_monitoring_prometheus
+    import test_monitoring_service_prometheus
     import test_real_gpu_checks
     import test_real_shapes
     import test_suite_faults
@@ -101,6 +103,8 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_monitoring.py::test_monitoring_check_fails_on_its_fault": test_monitoring.FAULTS,
         "tests/test_monitoring_prometheus.py::test_the_suites_prometheus_check_fails_on_its_fault":
             test_monitoring_prometheus.FAULTS,
+        "tests/test_monitoring_service_prometheus.py::test_the_suites_service_check_fails_on_its_fault":
+            test_monitoring_service_prometheus.SUITE_FAULTS,
     }
 
 

@@ -12,12 +12,19 @@ The scrape jobs give their targets the labels a PodMonitor's relabelling gives a
 - ``wrong-path``: the real server scraped at a path it does not serve: the target is down with its 404;
 - ``no-monitor``: a pod no job scrapes: no target, said so.
 
+The suite's check (suites/test_monitoring.py, ``test_inference_server_metrics_reach_prometheus``) runs against a
+fresh server of its own and this Prometheus, its cluster side (the pod on a GPU node, the PodMonitor, the requests
+through the API server's pod proxy) replaced by the local server: it passes when a job scrapes the pod, and fails
+(``ai-service-metrics``, by node, pod, expected and actual) when the pod's target is down, when no monitor selects
+the pod, and when the server refuses the requests; it skips without a PodMonitor CRD or a Prometheus.
+
 Also Prometheus' own linter (``promtool check metrics``) on the server's text. Needs ``prometheus`` and
 ``promtool`` on PATH; without them these tests skip, except under ``GPUPROOF_REQUIRE_TOOLS=1`` or ``CI``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -31,7 +38,10 @@ from types import SimpleNamespace
 import pytest
 
 from gpuproof.discovery import monitoring
-from test_monitoring_prometheus import REQUIRED, get_json, prometheus_binary, start_prometheus, stop, until
+from gpuproof.plugin.fixtures import Checker
+from gpuproof.results import RunDir
+from test_monitoring_prometheus import REQUIRED, free_port, get_json, prometheus_binary, start_prometheus, stop, until
+from test_real_gpu_checks import suite
 from test_monitoring_service import PROMETHEUS_ACCEPT
 from test_workloads_inference import http_json, start_server, stop_server
 
@@ -160,3 +170,142 @@ def test_promtool_finds_nothing_to_say_of_the_servers_text(scraped):
         text = r.read()
     lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60)
     assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), (lint.stdout, lint.stderr)
+
+
+# ------------------------------------------------------------------------ the suite's check, against this Prometheus
+
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+# the run namespace the suite's pod is in -> the scrape path of its job (None: no job scrapes it)
+SUITE_NAMESPACES = {"run-ok": "/metrics", "run-wrong-path": "/v1/metrics", "run-unmonitored": None}
+
+
+@pytest.fixture(scope="module")
+def suite_scraped(tmp_path_factory):
+    """A fresh server (the ``tiny`` preset) that Prometheus scrapes as pod ``ai-service-metrics`` of the run
+    namespaces in :data:`SUITE_NAMESPACES` that have a path."""
+    binary = prometheus_binary()
+    tmp = tmp_path_factory.mktemp("service-suite")
+    server, proc = start_server(tmp, "--model", "tiny")
+    procs: list = []
+    try:
+        host = server.removeprefix("http://")
+        module = suite("monitoring")
+        jobs = [{"job_name": ns, "scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": path,
+                 "static_configs": [{"targets": [host], "labels": {"namespace": ns, "pod": module.SERVICE_POD,
+                                                                   "container": "server"}}]}
+                for ns, path in SUITE_NAMESPACES.items() if path]
+        prom, url = start_prometheus(binary, tmp, jobs)
+        procs.append(prom)
+
+        def every_target_scraped():
+            assert prom.poll() is None, (tmp / "prometheus.log").read_text()[-2000:]
+            health = {t["labels"]["job"]: t["health"] for t in active_targets(url)}
+            return len(health) == len(jobs) and "unknown" not in health.values() and health
+        until("Prometheus to have scraped the suite's server in each job once", every_target_scraped)
+        yield SimpleNamespace(prometheus=url, server=server)
+    finally:
+        for p in reversed(procs):
+            stop(p)
+        stop_server(proc)
+
+
+def sender(url: str):
+    """The suite's send_completions, to a local URL instead of through the API server's pod proxy."""
+    def send(cluster, served, n):
+        errors = []
+        for i in range(n):
+            try:
+                code, _ = http_json(url + "/v1/completions", {"prompt": f"request {i + 1}", "max_tokens": 4})
+            except OSError as exc:
+                errors.append(f"request {i + 1}: {type(exc).__name__}: {exc}")
+                continue
+            if code != 200:
+                errors.append(f"request {i + 1}: HTTP {code}")
+        return errors
+    return send
+
+
+def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: str, send_to: str,
+                      crd: bool = True):
+    """The suite's check, its cluster side replaced: the pod is ``<namespace>/ai-service-metrics`` on NODE, its
+    requests go to ``send_to``. Its records, the PodMonitors it created, and the checker."""
+    module = suite("monitoring")
+    created = []
+
+    @contextlib.contextmanager
+    def serving(run, node, product):
+        yield module.Served(run.namespace, module.SERVICE_POD, node, 8000, {"gpuproof.dev/workload": "x"})
+
+    monkeypatch.setattr(module, "podmonitors_served", lambda cluster: crd)
+    monkeypatch.setattr(module, "monitor_labels",
+                        lambda cluster: ({"release": "kps"}, "the podMonitorSelector of Prometheus monitoring/kps"))
+    monkeypatch.setattr(module, "create_pod_monitor", lambda cluster, served, labels: created.append((served.pod,
+                                                                                                      labels)))
+    monkeypatch.setattr(module, "serving", serving)
+    monkeypatch.setattr(module, "send_completions", sender(send_to))
+    monkeypatch.setattr(module, "SERVICE_DISCOVERY_S", 3.0)        # Prometheus here scrapes every second
+    options = {"prometheus": prometheus}
+    request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name, default=None: options.get(name, default)))
+    run_dir = RunDir(tmp_path / "run")
+    checker = Checker(run_dir, module.FEATURE)
+    module.test_inference_server_metrics_reach_prometheus(
+        needs_real_gpus=None, target=SimpleNamespace(cluster=None),
+        run=SimpleNamespace(namespace=namespace, labels={"gpuproof.dev/run": "r1"}),
+        gpu_products={GPU_PRODUCT: [NODE]}, request=request, check=checker)
+    path = run_dir.path / "checks.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return checker, records, created
+
+
+def test_the_suites_service_check_passes_when_prometheus_scrapes_the_pod(suite_scraped, tmp_path, monkeypatch):
+    checker, records, created = run_service_check(tmp_path, monkeypatch, suite_scraped.prometheus, "run-ok",
+                                                  suite_scraped.server)
+    checker.finish()
+    assert created == [("run-ok/ai-service-metrics", {"release": "kps", "gpuproof.dev/run": "r1"})]
+    sent, rec = [r for r in records if r["check"] == "ai-service-metrics"]
+    assert (sent["verdict"], sent["actual"]) == ("pass", ""), sent          # the requests, then Prometheus' count
+    assert (rec["verdict"], rec["target"]) == ("pass", NODE), rec
+    assert rec["expected"].startswith("gpuproof_inference_requests_total of pod run-ok/ai-service-metrics = ")
+    assert rec["actual"] == f"{rec['expected'].split(' = ')[1].split()[0]} (job run-ok)"
+
+
+def test_the_suites_service_check_skips_without_a_podmonitor_crd_or_a_prometheus(tmp_path, monkeypatch):
+    with pytest.raises(pytest.skip.Exception, match=r"serves no PodMonitor \(monitoring.coreos.com/v1"):
+        run_service_check(tmp_path, monkeypatch, "http://127.0.0.1:9", "run-ok", "http://127.0.0.1:9", crd=False)
+    with pytest.raises(pytest.skip.Exception, match="no Prometheus named: --prometheus URL"):
+        run_service_check(tmp_path, monkeypatch, None, "run-ok", "http://127.0.0.1:9")
+
+
+def expect(namespace: str) -> str:
+    return f"gpuproof_inference_requests_total of pod {namespace}/ai-service-metrics = {N} (the requests sent)"
+
+
+# id: (the run namespace, where its requests go: the suite's server or a port nothing listens on,
+#      [(check, node, expected, the actual's start, words of the message)] that must fail)
+SUITE_FAULTS = {
+    "target-down": ("run-wrong-path", "server",
+                    [("ai-service-metrics", NODE, expect("run-wrong-path"), "no series of the pod",
+                      "/v1/metrics is down: server returned HTTP status 404")]),
+    "no-monitor-selects-the-pod": ("run-unmonitored", "server",
+                                   [("ai-service-metrics", NODE, expect("run-unmonitored"), "no series of the pod",
+                                     "no PodMonitor or ServiceMonitor selects it")]),
+    "server-refuses-requests": ("run-ok", "closed",
+                                [("ai-service-metrics", NODE, f"{N} completions from run-ok/ai-service-metrics "
+                                  "through the API server's pod proxy", "request 1: URLError: ",
+                                  "gpuproof's inference server")]),
+}
+
+
+@pytest.mark.parametrize("case", list(SUITE_FAULTS))
+def test_the_suites_service_check_fails_on_its_fault(suite_scraped, tmp_path, monkeypatch, case):
+    namespace, where, expectations = SUITE_FAULTS[case]
+    send_to = suite_scraped.server if where == "server" else f"http://127.0.0.1:{free_port()}"
+    checker, records, _ = run_service_check(tmp_path, monkeypatch, suite_scraped.prometheus, namespace, send_to)
+    with pytest.raises(pytest.fail.Exception) as raised:
+        checker.finish()
+    for check, target, expected, actual, words in expectations:
+        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"), None)
+        assert rec is not None, records
+        assert (rec["target"], rec["expected"]) == (target, expected), rec
+        assert rec["actual"].startswith(actual) and words in rec["message"], rec
+        assert rec["message"] in str(raised.value).splitlines() and rec["message"].startswith(f"{target}: ")

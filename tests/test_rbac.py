@@ -42,7 +42,10 @@ RUN_NEEDS = rbac.run_needs(bench=False)
 UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs only",
                       ("pods/log", "get"): "probe and benchmark results are read on real GPUs only",
                       ("daemonsets", "list"): "the DCGM exporter is looked for on real GPU nodes only",
-                      ("pods/proxy", "get"): "the DCGM exporter's /metrics is read where one runs (not embedded)"}
+                      ("pods/proxy", "get"): "the DCGM exporter's /metrics is read where one runs (not embedded)",
+                      ("pods/proxy", "create"): "ai_service_metrics' requests go to a server pod on a real GPU",
+                      ("podmonitors", "create"): "ai_service_metrics runs with --prometheus on real GPUs only",
+                      ("prometheuses", "list"): "ai_service_metrics runs with --prometheus on real GPUs only"}
 
 
 def _rule(resource: str, verbs: str) -> rbac.Rule:
@@ -86,7 +89,7 @@ def test_deploy_manifest_is_made_from_the_rules_and_roles_nest():
     (lambda d: d["rules"][2].pop("for"), "rule 3: missing for"),
     (lambda d: d["rules"][3].update(namespace="default"), "rule 4: namespace: only gpuproof-system"),
     (lambda d: d["rules"].append(dict(d["rules"][0], verbs=["delete"])),
-     "rule 21: grants delete namespaces again (rule 1 does already)"),
+     "rule 26: grants delete namespaces again (rule 1 does already)"),
     (lambda d: d["roles"]["gpuproof"].update(color="red"), "role gpuproof: expected exactly the keys needs and for"),
 ])
 @pytest.mark.server  # tier: gpuproof.rbac as a process

@@ -307,14 +307,17 @@ def _target_state(targets) -> str:
     return "; ".join(shown)
 
 
-def judge_service_metrics(node: str, pod: str, expected: int, result: list[dict], targets=None) -> list[Finding]:
+def judge_service_metrics(node: str, pod: str, expected: int, result: list[dict], targets=None,
+                          before: int = 0) -> list[Finding]:
     """ai_service_metrics: the inference server pod ``pod`` ("namespace/name"), sent ``expected`` requests, has its
     request counter in Prometheus and it reads ``expected``. ``result``: the ``data.result`` of an instant query
     (:func:`service_query`); ``targets``: Prometheus' active targets for the pod, said when no series came back
     (a scrape that fails, a format it cannot read, no monitor that selects the pod). One finding, check
-    ``ai-service-metrics``, naming the node, the pod, the expected and the actual."""
+    ``ai-service-metrics``, naming the node, the pod, the expected and the actual. ``before``: the counter at
+    Prometheus' first scrape, before the requests (0 for a fresh server)."""
     namespace, _, name = pod.rpartition("/")
-    want = f"{SERVICE_COUNTER} of pod {pod} = {expected} (the requests sent)"
+    want = f"{SERVICE_COUNTER} of pod {pod} = {expected} " + (
+        f"({before} at the first scrape + the {expected - before} requests sent)" if before else "(the requests sent)")
     rows = [r for r in result if r.get("metric", {}).get("pod") == name
             and r.get("metric", {}).get("namespace", namespace) == namespace]
     others = sorted({f"{r['metric'].get('namespace', '?')}/{r['metric'].get('pod', '?')}" for r in result} - {pod})
