@@ -1,5 +1,8 @@
 """All-reduce bandwidth sweep with torch.distributed (NCCL on GPUs, gloo on the CPU).
 
+Long: one torch.distributed program, single node and multi-node (torchrun or an indexed Job), with its
+sweep, nccl-tests' bandwidth definitions, the per-node figures and the straggler rule it reports on.
+
 Reports, per message size, the columns nccl-tests prints for all_reduce (in-place):
 size, count, type, redop, time (us), algbw and busbw (GB/s) and #wrong, plus the
 "Avg bus bandwidth" (arithmetic mean of busbw over all sizes).
@@ -37,9 +40,6 @@ Test-only: ``GPUPROOF_TEST_SLOW_RANK=<rank>`` (and ``GPUPROOF_TEST_SLOW_MS``, de
 delays every timed all-reduce of that rank, to check the detection.
 
 Only global rank 0 prints the JSON result.
-
-Long: one torch.distributed program, single node and multi-node (torchrun or an indexed Job), with its
-sweep, nccl-tests' bandwidth definitions, the per-node figures and the straggler rule it reports on.
 """
 
 from __future__ import annotations
