@@ -4,8 +4,10 @@ key of its own, AKS's ``sku=gpu:NoSchedule`` for one, never took them):
 
 - a pod meant for one node is pinned to it by required node affinity on ``metadata.name`` (the scheduler still
   decides, unlike ``spec.nodeName``; a hostname label may differ from the node's name);
-- it tolerates exactly the taints of the node(s) it is meant for, so only the thing under test decides placement;
-  never a blanket toleration, which would also pass a cordon (``node.kubernetes.io/unschedulable``).
+- it tolerates exactly the taints of the node(s) it is meant for, so only the thing under test decides placement.
+  (A few suite checks pin a pod to a node they chose and tolerate everything, ``plugin.checks.TOLERATE_ALL``, where
+  the node's taints are not what they judge; the nodes they choose are never cordoned: the suites leave those out
+  first, since a blanket toleration would pass a cordon, ``node.kubernetes.io/unschedulable``, too.)
 """
 
 from __future__ import annotations
