@@ -313,22 +313,29 @@ class Served:
         return f"{self.namespace}/{self.name}"
 
 
-@contextlib.contextmanager
-def serving(run, node: str, product: str):
-    """gpuproof's inference server (the tiny model: the work is not the point) as a pod on the node, Ready; deleted
-    after."""
+def service_pod(run, node: str, product: str) -> tuple[dict, dict]:
+    """The inference server's pod (the benchmark's Deployment's pod template, the tiny model: the work is not the
+    point), pinned to the node, and its own labels (the PodMonitor's selector)."""
     from gpuproof.bench import workloads as wl
-    from gpuproof.bench.base import applied, ensure_configmap, pod_ready
     from gpuproof.plugin import bench_checks
 
-    ensure_configmap(run)
     deployment, _service = wl.inference_manifests(
         SERVICE_POD, labels=run.labels, namespace=run.namespace, image=bench_checks.image(run), product=product,
         node=node, server_args=["--model", "tiny", "--device", bench_checks.device(run)])
-    own = deployment["spec"]["selector"]["matchLabels"]
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {**deployment["metadata"], "labels": deployment["spec"]["template"]["metadata"]["labels"]},
            "spec": deployment["spec"]["template"]["spec"]}
+    return pod, deployment["spec"]["selector"]["matchLabels"]
+
+
+@contextlib.contextmanager
+def serving(run, node: str, product: str):
+    """gpuproof's inference server as a pod on the node, Ready; deleted after."""
+    from gpuproof.bench import workloads as wl
+    from gpuproof.bench.base import applied, ensure_configmap, pod_ready
+
+    ensure_configmap(run)
+    pod, own = service_pod(run, node, product)
     with applied(run, [pod]):
         run.wait_pods(lambda c: c.get(SERVICE_POD) if SERVICE_POD in c and pod_ready(c[SERVICE_POD]) else None,
                       SERVICE_READY_S, f"gpuproof's inference server {run.namespace}/{SERVICE_POD} to be Ready")
