@@ -7,8 +7,7 @@ Bottom-up, each layer imports only layers below it (imports inside functions cou
     2 discovery  the reader of clusters
     3 sim | bench | report   side by side, never importing each other; sim never imports discovery (the words
                  both need are gpuproof.vocab's), report reads records only (base)
-    4 plugin     the pytest side (gpuproof.pytest_plugin is its face under the entry point's name, gpuproof.suite
-                 the check helpers' old name)
+    4 plugin     the pytest side (gpuproof.pytest_plugin is its face under the entry point's name)
     5 cli        the command line (gpuproof.__main__, gpuproof.tools and gpuproof.rbac are command-line entries)
 
 The checker is a plain function over a folder, so the tests below also run it over a made-up package to show
@@ -34,7 +33,7 @@ LAYER_OF = {
     "gpuproof.sim": "sim",
     "gpuproof.bench": "bench",
     "gpuproof.report": "report",
-    "gpuproof.plugin": "plugin", "gpuproof.pytest_plugin": "plugin", "gpuproof.suite": "plugin",
+    "gpuproof.plugin": "plugin", "gpuproof.pytest_plugin": "plugin",
     "gpuproof.cli": "cli", "gpuproof.__main__": "cli", "gpuproof.tools": "cli", "gpuproof.rbac": "cli",
 }
 RANK = {"base": 0, "cluster": 1, "discovery": 2, "sim": 3, "bench": 3, "report": 3, "plugin": 4, "cli": 5}
@@ -193,14 +192,26 @@ def test_every_package_says_what_it_is_for_and_what_it_may_import():
         assert "import" in doc, f"{init}: say what the package may import"
 
 
+WORKLOADS = PKG.parent / "workloads"
+LOOSE_MAX = 8          # modules at the package's top level, besides __init__ and __main__
+
+
 def test_long_modules_say_why_at_their_top():
-    """No module over ~400 lines without a reason on its first lines ("Long: ...")."""
+    """No module of gpuproof/ or workloads/ over ~400 lines without a reason on its first lines ("Long: ...")."""
     long = []
-    for name, path in modules(PKG).items():
+    files = {**modules(PKG), **{f"workloads/{p.name}": p for p in sorted(WORKLOADS.glob("*.py"))}}
+    for name, path in files.items():
         text = path.read_text()
         if text.count("\n") > 420 and "Long:" not in "\n".join(text.splitlines()[:40]):
             long.append(f"{name} ({text.count(chr(10))} lines)")
     assert long == []
+
+
+def test_the_top_level_keeps_few_loose_modules():
+    """What belongs to a layer lives in its package; the top level keeps the base's words and the entries users
+    know (issue #40: nine were loose)."""
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(loose) <= LOOSE_MAX, loose
 
 
 # ---------------------------------------------------------------------------- the checker catches what it must

@@ -1,6 +1,10 @@
 """LLM load generator and capacity search: locust as a library against an OpenAI-compatible
 ``/v1/completions`` endpoint (gpuproof's own ``inference_server.py``, vLLM, TGI, SGLang, NIM).
 
+Long: the load steps, the client's own pace and CPU accounting, the capacity search (bisection, search start,
+what bound it) and locust's master/worker distribution are one measurement loop; loadclient.py, locustfile.py and
+loadstub.py already hold the sender, the locust user and the stand-in server.
+
 Per request (see ``locustfile.py``): time to first token (TTFT), time per output token
 (TPOT) and the gaps between streamed tokens, end-to-end latency, output tokens. Input and
 output lengths are fixed and seeded (``--input-tokens`` words, ``max_tokens`` with
