@@ -305,7 +305,7 @@ def test_a_pod_pinned_to_a_cordoned_or_vanished_node_is_named_with_why(embedded,
             labels = {"gpuproof.dev/fanout": "edge"}
             for name, node in (("on-cordoned", "a100-1"), ("on-gone", "a100-9")):
                 run.apply(pod(name, {"nvidia.com/gpu": 1}, tolerations=GPU_TAINT, labels=labels,   # as workload pods
-                              node_selector={"kubernetes.io/hostname": node}))
+                              node=node))                      # pinned by name: gpuproof.cluster.placement
             with pytest.raises(WaitTimeout) as cordoned:
                 watch.wait_done("on-cordoned", timeout=120)
             with pytest.raises(WaitTimeout) as gone:

@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ClusterError, WaitTimeout
-from .nodewatch import raise_if_node_lost
+from .nodewatch import pod_node, raise_if_node_lost
 from .api import _describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, raise_if_pull_fails
 
 
@@ -135,7 +135,7 @@ class PodWatch:
     def _raise_if_node_refuses(self, pod, what: str) -> None:
         """WaitTimeout when the scheduler cannot place a pod pinned to one node because that node has been cordoned
         or has gone since the run began (a pod waiting for GPUs other pods hold waits on: they may be freed)."""
-        node = (pod.spec.node_selector or {}).get("kubernetes.io/hostname")
+        node = pod_node(pod)        # pinned by the hostname label or by name (gpuproof.cluster.placement.pin_to)
         cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None) if pod.status else None
         if not node or pod.spec.node_name or cond is None or cond.status != "False" or cond.reason != "Unschedulable":
             return

@@ -222,7 +222,13 @@ class FanOut:
         job = self.jobs.get(getattr(item, "function", None))
         if job is None:
             raise LookupError(f"{item.nodeid}: no fan-out job to run again (fanout.result first)")
-        return job.work(node, job.lane)
+        # a job of its own for this node: the check's job closed its pod watch when its last node ended, and
+        # another node's item may be running its work again at the same time
+        once = Job(self, f"{job.name} again {node.name}", job.function, [node], job.work)
+        try:
+            return once.work(node, once.lane)
+        finally:
+            once.close_watch()
 
     def peers(self, item: pytest.Item, same: Callable[[Any], bool]) -> dict[str, Any]:
         """node name -> outcome of every node of this item's check for which ``same(node)`` holds, once each has
