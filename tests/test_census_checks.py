@@ -80,7 +80,8 @@ def run_census(tmp_path, results: dict[str, dict], name: str):
     pool = pool_key(A100, 2)
     outcomes = {n: (pool, r) for n, r in results.items()}
     fan = SimpleNamespace(result=lambda item, n, work, **kw: outcomes[n.name],
-                          peers=lambda item, same: {n: o for n, o in outcomes.items() if same(nodes[n])})
+                          peers=lambda item, same: {n: o for n, o in outcomes.items() if same(nodes[n])},
+                          again=lambda item, n: outcomes[n.name])    # measured again: a slow GPU stays slow
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, nodes[name], known_nodes=nodes)
     module.test_census_per_node(needs_real_gpus=None, gpu_node=nodes[name], run=None, run_dir=run_dir,
