@@ -298,6 +298,41 @@ def test_each_fault_fails_its_check_by_name(embedded, tmp_path):
 
 
 @pytest.mark.sim
+@contextlib.contextmanager
+def heartbeat(client, node: str, every: float = 5.0):
+    """The node's Lease in kube-node-lease renewed, as a kubelet that posts status but never runs a pod would: the
+    node stays Ready (without it the node controller marks it NodeStatusUnknown after its grace period, and the run
+    counts the node as lost: not judged, tests/test_node_lost.py)."""
+    import datetime as dt
+    import threading
+
+    from kubernetes import client as k8s
+
+    api, stop = k8s.CoordinationV1Api(client.api), threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            now = dt.datetime.now(dt.timezone.utc)
+            body = {"metadata": {"name": node, "namespace": "kube-node-lease"},
+                    "spec": {"holderIdentity": node, "leaseDurationSeconds": 40, "renewTime": now}}
+            try:
+                api.patch_namespaced_lease(node, "kube-node-lease", body)
+            except k8s.exceptions.ApiException as exc:
+                if exc.status == 404:
+                    api.create_namespaced_lease("kube-node-lease", body)
+            stop.wait(every)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        with contextlib.suppress(k8s.exceptions.ApiException):
+            api.delete_namespaced_lease(node, "kube-node-lease")
+
+
 def test_real_gpu_checks_run_on_real_nodes_only_and_say_quickly_when_a_pod_cannot_run(embedded, tmp_path):
     """Real and simulated is a fact of each node. A GPU node nobody runs (no kwok, no kubelet) among the mixed
     fleet's kwok nodes: the health check runs there only, its pod is never taken up by a kubelet, and the
@@ -307,7 +342,7 @@ def test_real_gpu_checks_run_on_real_nodes_only_and_say_quickly_when_a_pod_canno
     real[0]["status"]["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                         "message": "kubelet is posting ready status",
                                         "lastHeartbeatTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}]
-    with nodes_loaded(embedded, [real], kwok=False):
+    with nodes_loaded(embedded, [real], kwok=False), heartbeat(embedded.client, "real-h100-0"):
         res = embedded.run_suite("suites/test_health.py", "suites/test_timeslicing.py", "suites/test_mig.py",
                                  "-k", "health or same_uuid or own_mig_device", report_dir=tmp_path,
                                  run_id="real-and-kwok", timeout=600)
