@@ -34,6 +34,7 @@ def test_pod_names_are_gpuproofs():
         names = replay.pod_names(node)
         assert names["health"] == pod_name("health", node) and names["census"] == pod_name("census", node)
         assert names["probe"] == f"nvlink-probe-{node}-0"[:63]         # gpuproof.plugin.checks.probe_on
+        assert names["driver"] == f"driver-probe-{node}-0"[:63]        # suites/test_driver.py's probe_on prefix
 
 
 def test_mock_uuids_are_the_mock_configs():
@@ -58,10 +59,10 @@ def test_replay_pool_nodes_and_kwok_config(tmp_path):
     assert node["status"]["addresses"][0] == {"type": "InternalIP", "address": "127.0.0.1"}
     assert node["status"]["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 20005}}
     logs = replay.node_logs(fleet, tmp_path)
-    assert len(logs) == 3 * NODES
+    assert len(logs) == 4 * NODES          # health, census, the topology probe and the driver suite's probe
     docs = list(yaml.safe_load_all(kwok_config(fleet, logs)))
     cl = [d for d in docs if d["kind"] == "ClusterLogs"]
-    assert len(cl) == 3 * NODES and cl[0]["spec"]["logs"][0]["containers"] == ["workload"]
+    assert len(cl) == 4 * NODES and cl[0]["spec"]["logs"][0]["containers"] == ["workload"]
     stage = next(d for d in docs if d["kind"] == "Stage" and d["metadata"]["name"] == "pod-replay-complete")
     names = next(e["values"] for e in stage["spec"]["selector"]["matchExpressions"] if e["key"] == ".metadata.name")
     assert sorted(names) == sorted(logs)

@@ -41,12 +41,14 @@ PROBE_GPUS = 2                   # the topology check's probe asks for 2 GPUs (g
 
 def pod_names(node: str) -> dict[str, str]:
     """workload -> the name of gpuproof's pod of it on ``node``: gpuproof.bench.base.pod_name(bench, node) for the
-    node benchmarks, ``nvlink-probe-<node>-0`` for the topology probe (gpuproof.plugin.checks.probe_on); the
-    simulator cannot import those layers, tests/test_scale_replay.py holds the two rules equal."""
+    node benchmarks, ``nvlink-probe-<node>-0`` for the topology probe and ``driver-probe-<node>-0`` for the driver
+    suite's (gpuproof.plugin.checks.probe_on); the simulator cannot import those layers, tests/test_scale_replay.py
+    holds the rules equal."""
     slug = re.sub(r"[^a-z0-9]+", "-", node.lower()).strip("-")
     return {"health": f"bench-health-{slug}"[:50].rstrip("-"),
             "census": f"bench-census-{slug}"[:50].rstrip("-"),
-            "probe": f"nvlink-probe-{node}-0"[:63]}
+            "probe": f"nvlink-probe-{node}-0"[:63],
+            "driver": f"driver-probe-{node}-0"[:63]}
 
 
 def mock_uuids(seed: str, count: int) -> list[str]:
@@ -190,6 +192,7 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
             chosen = {"health": recs.of("health")[i % len(recs.of("health"))],
                       "census": recs.of("census", "slow")[0] if slow else normal[i % len(normal)],
                       "probe": recs.of("probe")[i % len(recs.of("probe"))]}
+            chosen["driver"] = chosen["probe"]          # the driver suite's probe: the same workload, probe.py
             for workload, pod in pod_names(node).items():
                 rec = chosen[workload]
                 path = out / f"{pod}.log"
