@@ -65,7 +65,7 @@ def advertised(node, kind: str) -> list[Advertised]:
         value = d.attributes.get(DRA_ATTRIBUTES[kind])
         if value not in (None, ""):
             by_value.setdefault(str(value), []).append(d.name)
-    for value, names in sorted(by_value.items()):
+    for value, names in sorted((v, sorted(n)) for v, n in by_value.items()):
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         out.append(Advertised(f"DRA {DRA_ATTRIBUTES[kind]} of {shown}", value))
     return out
