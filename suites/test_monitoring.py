@@ -18,6 +18,11 @@
   exporter publishes has its utilization series there (``prometheus-gpu-series``), and a GPU the exporter attributes
   to a pod carries that pod in ``pod`` there too (``prometheus-pod-label``; a ServiceMonitor without
   ``honorLabels: true`` leaves it in ``exported_pod`` and fails with that reason). Without ``--prometheus`` it skips.
+- The numbers move with the work (``dcgm-pod-attribution``, ``dcgm-utilization-moves``): per GPU node, gpuproof's
+  matmul pod holds one GPU busy for a few of the exporter's collections; the exporter is read before it starts and
+  while it runs until exactly one GPU's series carry the pod (``pod``/``namespace``) with its utilization above the
+  idle reading. Proven on recorded outputs (dcgm-exporter #490's pod at 0 % is the stale-reading fault); on a real
+  GPU not yet (no GPU machine has run it).
 - ``ai_service_metrics`` (``ai-service-metrics``), with ``--prometheus`` and the Prometheus operator's PodMonitor CRD
   (else it skips, saying which is missing): gpuproof's inference server (its ``/metrics`` speaks the Prometheus text
   format to a scraper) as a pod on a GPU node, a PodMonitor for it in the run's namespace (labelled as the
@@ -252,6 +257,104 @@ def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node,
                       result.get("prometheus_error", ""), what="Prometheus' query API"):
         return
     for f in monitoring.judge_prometheus(node.name, result["text"], result["stored"]):
+        what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
+        check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
+
+
+# ------------------------------------------------------------------ the numbers move with the work
+
+WORK_HOLD_S = 150.0         # the matmul pod warms up this long: five of the exporter's default 30 s collections
+WORK_POLL_S = 5.0           # a read of the exporter's /metrics while the pod runs (the exporter has no watch)
+WORK_RUNNING_S = 600.0      # the pod placed and started (an image pull on a fresh node)
+
+
+def work_pod(run, node, resource: str, lane) -> dict:
+    """gpuproof's matmul workload holding one GPU of the node busy for about ``WORK_HOLD_S`` seconds."""
+    from gpuproof.bench import workloads as wl
+    from gpuproof.bench.base import pod_name
+    from gpuproof.plugin import bench_checks
+    from gpuproof.plugin.checks import tolerations_for
+
+    args = ["--device", bench_checks.device(run), "--dtypes", "bf16", "--sizes", "8192", "--iters", "20",
+            "--warmup-s", f"{WORK_HOLD_S:g}", "--check-size", "0"]
+    return wl.workload_pod(pod_name("dcgm-work", node.name), "matmul.py", args,
+                           labels={**run.labels, **lane.labels}, namespace=run.namespace, image=bench_checks.image(run),
+                           resource=resource, node=node.name, tolerations=tolerations_for(node),
+                           deadline_s=int(WORK_HOLD_S * 4))
+
+
+@contextlib.contextmanager
+def holding_gpu(run, node, resource: str, lane):
+    """The work pod, Running on the node; deleted (and gone) after. Yields its name."""
+    from gpuproof.bench.base import applied, ensure_configmap
+
+    ensure_configmap(run)
+    pod = work_pod(run, node, resource, lane)
+    name = pod["metadata"]["name"]
+    with applied(run, [pod], lane=lane):
+        lane.job.watch().wait(name, lambda p: p is not None and p.status.phase in ("Running", "Succeeded", "Failed"),
+                              WORK_RUNNING_S, "to be Running (the GPU the exporter should see busy)", lane.stop)
+        yield name
+
+
+def follow_work(run, target, discovery, node, lane, exporter: Exporter) -> dict:
+    """The node's exporter read before a pod holds one of its GPUs, then while it runs, until the exporter
+    attributes a GPU to the pod with its utilization above the idle reading, or the pod's hold ends."""
+    from gpuproof.plugin import bench_checks
+    from gpuproof.plugin.checks import free_on
+    from gpuproof.plugin.fanout import NodeSkip
+
+    resource, _ = bench_checks.node_gpus(discovery, node.name)
+    if free_on(target.cluster, node, resource) < 1:
+        raise NodeSkip("dcgm-pod-attribution", f"{node.name} has no free {resource}: every GPU is held by other pods")
+    before = read_metrics(target.cluster, exporter)
+    if "text" not in before:
+        return {"error": before["error"], "when": "before the work pod started"}
+    with lane.pods(1), holding_gpu(run, node, resource, lane) as pod:
+        deadline = time.monotonic() + WORK_HOLD_S
+        while True:
+            during = read_metrics(target.cluster, exporter)
+            if "text" in during:
+                with contextlib.suppress(ValueError):
+                    found = monitoring.judge_work(node.name, before["text"], during["text"], run.namespace, pod)
+                    if all(f.verdict == "pass" for f in found) and len(found) == 2:
+                        break
+            seen = lane.job.watch().cache.get(pod)
+            if seen is not None and seen.status.phase == "Failed":
+                return {"error": f"the work pod {run.namespace}/{pod} failed before the exporter saw it busy "
+                                 f"({seen.status.reason or 'see its log'})", "when": "while it ran"}
+            if time.monotonic() >= deadline or lane.stop.wait(WORK_POLL_S):
+                break
+    if "text" not in during:
+        return {"error": during["error"], "when": f"while {run.namespace}/{pod} ran"}
+    return {"before": before["text"], "during": during["text"], "pod": pod}
+
+
+@pytest.mark.places_pods
+@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+@pytest.mark.creates("Pod", "bench-dcgm-work-{node}", requests="1 {resource}",
+                     note="gpuproof's matmul holding one GPU busy while the exporter is read")
+def test_exporter_follows_the_work(needs_real_gpus, gpu_node, target, run, discovery, exporters, request, check):
+    """While gpuproof's matmul pod holds one GPU of the node, exactly that GPU's series carry the pod's name and
+    its utilization rises above the idle reading; the node's other GPUs carry none of it."""
+    from gpuproof.plugin.fanout import NodeSkip
+
+    node = gpu_node
+    mine = [e for e in exporters.on_node.get(node.name, []) if ready(e.pod)]
+    if not mine:
+        check.skip("dcgm-pod-attribution", f"{node.name} has no Ready DCGM exporter pod (dcgm-exporter-ready)")
+    exporter = mine[0]
+    try:
+        result = fan_out(request).result(
+            request.node, node, lambda n, lane: follow_work(run, target, discovery, n, lane, exporter),
+            name="monitoring-work")
+    except NodeSkip as skip:
+        check.skip(skip.check, skip.reason)
+    if not check.true("dcgm-metrics-read", "error" not in result,
+                      f"{exporter.name}'s /metrics through the API server's pod proxy {result.get('when', '')}",
+                      result.get("error", ""), what="the exporter's /metrics"):
+        return
+    for f in monitoring.judge_work(node.name, result["before"], result["during"], run.namespace, result["pod"]):
         what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
         check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
 

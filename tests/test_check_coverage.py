@@ -32,7 +32,8 @@ BUILT = {
     ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
                                         "dcgm-host-label",                            # monitoring.CHECKS
                                         "prometheus-gpu-series", "prometheus-pod-label",      # and PROMETHEUS_CHECKS
-                                        "ai-service-metrics"},                                # and SERVICE_CHECKS
+                                        "ai-service-metrics",                                 # and SERVICE_CHECKS
+                                        "dcgm-pod-attribution", "dcgm-utilization-moves"},    # and WORK_CHECKS
 }
 
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
@@ -101,6 +102,7 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_kubelet_faults.py::test_the_node_fault_fails_its_check_and_the_healthy_node_passes":
             test_kubelet_faults.FAULTS,
         "tests/test_monitoring.py::test_monitoring_check_fails_on_its_fault": test_monitoring.FAULTS,
+        "tests/test_monitoring.py::test_work_check_fails_on_its_fault": test_monitoring.WORK_FAULTS,
         "tests/test_monitoring_prometheus.py::test_the_suites_prometheus_check_fails_on_its_fault":
             test_monitoring_prometheus.FAULTS,
         "tests/test_monitoring_service_prometheus.py::test_the_suites_service_check_fails_on_its_fault":

@@ -334,8 +334,104 @@ def test_the_coverage_count_knows_every_monitoring_check():
     checks = test_check_coverage.recordable_checks()
     assert {c for c, f in checks.items() if f == "test_monitoring.py"} == {
         "dcgm-exporter-ready", "dcgm-metrics-read", *monitoring.CHECKS, *monitoring.PROMETHEUS_CHECKS,
-        *monitoring.SERVICE_CHECKS}     # ai-service-metrics fails in tests/test_monitoring_service_prometheus.py
+        *monitoring.SERVICE_CHECKS,     # ai-service-metrics fails in tests/test_monitoring_service_prometheus.py
+        *monitoring.WORK_CHECKS}
     # each fails in a row of FAULTS (tests/test_check_coverage.py counts them, with every other table; the
     # Prometheus checks in tests/test_monitoring_prometheus.py's, against real Prometheus)
     assert {c for row in FAULTS.values() for c, *_ in row[-1]} == {
         "dcgm-exporter-ready", "dcgm-metrics-read", *monitoring.CHECKS}
+
+
+# ----------------------------------------------------------------- the numbers move with the work (dcgm-*-work checks)
+
+WORK_POD = "bench-dcgm-work-computeinstance-e00c1p6dpy98xytphp"       # what the suite names its pod on the H100 node
+IDLE_H100 = "derived-h100-idle-before-work.prom"
+
+
+def run_work_check(tmp_path, monkeypatch, gpu_node, namespace: str, pod: str, before: str, during: str):
+    """The suite's work check as pytest runs it: the pod proxy answers ``before``, then ``during`` for every read
+    after the work pod started. The pod itself is stood in for (its creation and wait are the benchmarks' own,
+    tested with them); the fan-out runs the work inline with a lane whose stop is never set."""
+    import threading
+    from contextlib import contextmanager, nullcontext
+
+    from gpuproof.plugin import bench_checks, checks
+
+    module = suite("monitoring")
+    served = iter([before])
+    api = cluster([daemonset()], [exporter_pod(gpu_node.name)])
+    api.core.connect_get_namespaced_pod_proxy_with_path = \
+        lambda *a, **kw: SimpleNamespace(data=text(next(served, during)).encode())
+
+    @contextmanager
+    def holding(run, node, resource, lane):
+        yield pod
+
+    monkeypatch.setattr(module, "holding_gpu", holding)
+    monkeypatch.setattr(module, "WORK_POLL_S", 0.01)
+    monkeypatch.setattr(module, "WORK_HOLD_S", 0.2)
+    monkeypatch.setattr(checks, "free_on", lambda *a: 1)
+    monkeypatch.setattr(bench_checks, "node_gpus", lambda discovery, name, all_gpus=False: ("nvidia.com/gpu", 1))
+    lane = SimpleNamespace(pods=lambda k=1: nullcontext(), stop=threading.Event(),
+                           job=SimpleNamespace(watch=lambda: SimpleNamespace(cache={})))
+    fan = SimpleNamespace(result=lambda item, node, work, **kw: work(node, lane))
+    run_dir = RunDir(tmp_path / "run")
+    checker = Checker(run_dir, module.FEATURE, gpu_node, {gpu_node.name: gpu_node})
+    request = SimpleNamespace(node=None, getfixturevalue={"fanout": fan}.get)
+    module.test_exporter_follows_the_work(needs_real_gpus=None, gpu_node=gpu_node, target=SimpleNamespace(cluster=api),
+                                          run=SimpleNamespace(namespace=namespace), discovery=None,
+                                          exporters=module.require_exporters(api), request=request, check=checker)
+    return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
+
+
+def test_the_work_check_passes_when_the_pods_gpu_is_busy_and_labelled(tmp_path, monkeypatch):
+    checker, records = run_work_check(tmp_path, monkeypatch, H100_NODE, "gpuproof-work", WORK_POD, IDLE_H100,
+                                      "derived-h100-busy-gpuproof-pod.prom")
+    checker.finish()
+    assert [(r["check"], r["verdict"], r["actual"]) for r in records] == [
+        ("dcgm-metrics-read", "pass", ""),
+        ("dcgm-pod-attribution", "pass", f"GPU 0 ({H100_UUIDS[0]}) pod=gpuproof-work/{WORK_POD}"),
+        ("dcgm-utilization-moves", "pass", "97 %")]
+
+
+# id: (node, the run's namespace, the work pod's name, the output before, the output while it runs,
+#      [(check, node, expected, the actual's start)] that must fail)
+WORK_FAULTS = {
+    # verbatim: dcgm-exporter #490's output, GPU 0 attributed to the pod and reading 0 %
+    "utilization-stays-idle": (H100_NODE, "default", "dcgmproftester2", IDLE_H100, "h100-pod-on-gpu0-issue490.prom",
+                               [("dcgm-utilization-moves", H100_HOST, "utilization above its idle reading 0 % while "
+                                 "the pod runs", "0 %")]),
+    # the same output judged for gpuproof's pod: the GPU is another pod's, ours is on none
+    "the-gpu-is-another-pods": (H100_NODE, "gpuproof-work", WORK_POD, IDLE_H100, "h100-pod-on-gpu0-issue490.prom",
+                                [("dcgm-pod-attribution", H100_HOST, f"exactly one GPU's series labelled "
+                                  f"pod=gpuproof-work/{WORK_POD} (the pod holds one GPU)",
+                                  f"0 GPUs: GPU 0 ({H100_UUIDS[0]}) pod=default/dcgmproftester2, GPU 1 "
+                                  f"({H100_UUIDS[1]}) no pod")]),
+    # a busy GPU with no pod labels at all (4.9.0's names; the exporter without the pod-resources socket)
+    "no-pod-labels": (L4_NODE, "gpuproof-work", "bench-dcgm-work-i-030791dc5a37cd257", "kops-l4-gpu-operator-idle.prom",
+                      "derived-4.9.0-dcgm47-names-busy.prom",
+                      [("dcgm-pod-attribution", L4_HOST, "exactly one GPU's series labelled pod=gpuproof-work/"
+                        "bench-dcgm-work-i-030791dc5a37cd257 (the pod holds one GPU)", f"0 GPUs: GPU 0 ({L4_UUID}) "
+                        "no pod")]),
+}
+
+
+@pytest.mark.parametrize("case", list(WORK_FAULTS))
+def test_work_check_fails_on_its_fault(tmp_path, monkeypatch, case):
+    gpu_node, namespace, pod, before, during, expectations = WORK_FAULTS[case]
+    checker, records = run_work_check(tmp_path, monkeypatch, gpu_node, namespace, pod, before, during)
+    with pytest.raises(pytest.fail.Exception) as raised:
+        checker.finish()
+    for check, target, expected, actual in expectations:
+        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"
+                    and r["actual"].startswith(actual)), None)
+        assert rec is not None, records
+        assert (rec["target"], rec["expected"]) == (target, expected), rec
+        assert rec["message"] in str(raised.value).splitlines() and rec["message"].startswith(f"{target}: ")
+
+
+def test_no_pod_labels_at_all_says_why():
+    found = monitoring.judge_work(L4_HOST, text("kops-l4-gpu-operator-idle.prom"),
+                                  text("derived-4.9.0-dcgm47-names-busy.prom"), "ns", "p")
+    assert found[0].verdict == "fail" and "pod-resources" in found[0].reason
+

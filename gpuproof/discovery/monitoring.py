@@ -37,6 +37,7 @@ from .. import package_folder
 
 CHECKS = ("dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory", "dcgm-host-label")
 PROMETHEUS_CHECKS = ("prometheus-gpu-series", "prometheus-pod-label")
+WORK_CHECKS = ("dcgm-pod-attribution", "dcgm-utilization-moves")
 UTILIZATION = ("gpu_util_pct", "gr_engine_active")        # dcgm_series quantities, the first preferred
 MIG_UTILIZATION = ("gr_engine_active",)
 MEMORY = ("fb_used_mib", "fb_free_mib")
@@ -276,6 +277,68 @@ def judge_prometheus(node: str, exporter_text: str, stored: list) -> list[Findin
                            "" if ok or not exported else
                            "the scrape does not honor the exporter's labels: a ServiceMonitor without "
                            "honorLabels: true (kube-prometheus-stack's default for dcgm-exporter)"))
+    return out
+
+
+# ------------------------------------------------------------------ the numbers move with the work
+
+def holding(readings, namespace: str, pod: str) -> list[tuple[str, str | None]]:
+    """(index, UUID) of the GPUs whose series the exporter attributes to the pod ``namespace/pod``."""
+    return sorted({(r.gpu, r.uuid) for r in readings if r.pod and r.pod[:2] == (namespace, pod)},
+                  key=lambda g: (len(g[0]), g))
+
+
+def _util(readings, gpu: tuple[str, str | None]) -> tuple[str, float] | None:
+    """The GPU's whole-GPU utilization reading (quantity, value), the first of UTILIZATION it publishes."""
+    index, uuid = gpu
+    mine = [r for r in readings if not r.mig and ((uuid and r.uuid == uuid) or (not uuid and r.gpu == index))]
+    for quantity in UTILIZATION:
+        if rs := [r for r in mine if r.quantity == quantity]:
+            return quantity, rs[0].value
+    return None
+
+
+def _shown_util(reading: tuple[str, float] | None) -> str:
+    if reading is None:
+        return "no utilization series"
+    quantity, value = reading
+    return f"{value:g} %" if quantity == "gpu_util_pct" else f"{value:g} ({quantity}, 0-1)"
+
+
+def judge_work(node: str, before: str, during: str, namespace: str, pod: str) -> list[Finding]:
+    """While gpuproof's pod ``namespace/pod`` keeps one GPU busy: exactly that one GPU's series carry the pod
+    (``dcgm-pod-attribution``: no GPU, or several, is a fault; a GPU idle or held by another pod carries none of
+    ours), and its utilization is above what the exporter read before the pod started (``dcgm-utilization-moves``).
+    ``before`` and ``during``: the node's exporter output before the pod and while it runs."""
+    dcgm = series()
+    try:
+        idle, busy = dcgm.readings(dcgm.parse(before)), dcgm.readings(dcgm.parse(during))
+    except dcgm.MetricsError as exc:
+        return [Finding("dcgm-pod-attribution", "fail", node, expected="the Prometheus text format",
+                        actual=str(exc))]
+    want = f"exactly one GPU's series labelled pod={namespace}/{pod} (the pod holds one GPU)"
+    held = holding(busy, namespace, pod)
+    if len(held) != 1:
+        gpus = sorted({(r.gpu, r.uuid) for r in busy if r.gpu or r.uuid}, key=lambda g: (len(g[0]), g))
+        owners = {(r.gpu, r.uuid): "/".join(r.pod[:2]) for r in busy if r.pod}
+        shown = ", ".join(f"{_name(*g)} {('pod=' + owners[g]) if g in owners else 'no pod'}" for g in gpus)
+        reason = ("" if held or owners else "the exporter attributes no GPU to any pod: it runs without the kubelet's "
+                  "pod-resources socket (/var/lib/kubelet/pod-resources) or with DCGM_EXPORTER_KUBERNETES=false")
+        return [Finding("dcgm-pod-attribution", "fail", node, expected=want,
+                        actual=f"{len(held)} GPUs: {shown or 'no GPU series'}", reason=reason)]
+    gpu = held[0]
+    name = _name(*gpu)
+    out = [Finding("dcgm-pod-attribution", "pass", node, name, want, f"{name} pod={namespace}/{pod}")]
+    then, now = _util(idle, gpu), _util(busy, gpu)
+    if then is not None and now is not None and then[0] != now[0]:
+        then = None                             # a different quantity: not comparable
+    floor = then[1] if then is not None else 0.0
+    ok = now is not None and now[1] > floor
+    out.append(Finding("dcgm-utilization-moves", "pass" if ok else "fail", node, name,
+                       f"utilization above {'its idle reading ' + _shown_util(then) if then else '0'} while the pod "
+                       "runs", _shown_util(now),
+                       "" if ok or now is None else "the exporter's reading did not move with the work: DCGM sampled "
+                       "before the work began, or its field watches are stale"))
     return out
 
 
