@@ -35,6 +35,11 @@ class ApiUnreachable(WaitTimeout):
     that waited is not judged (a skip naming the wait), never passed or failed."""
 
 
+class ApiGone(ApiUnreachable):
+    """The API server answered a request of the run's nothing for the API deadline (``--api-deadline``): it is taken
+    as gone, and the run stops as one cut short by its cluster (exit 75, the report written, issue #41 item 2)."""
+
+
 class NodeLost(ApiUnreachable):
     """A node the run judges was deleted, or went NotReady, during the run (issue #41 item 4): a wait on a pod bound or
     pinned to it ends at once, and a check on it is not judged (the skip names the node and why), never passed or

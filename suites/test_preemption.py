@@ -50,14 +50,16 @@ def _pick_node(discovery, cluster, run):
 def _victims(run, target, preemptor, fill: int) -> set[str]:
     """namespace/name of the pods the scheduler preempted for ``preemptor`` (its Preempted events)."""
     from gpuproof.cluster.api import WaitTimeout, watch_until
+    from gpuproof.errors import ApiUnreachable
 
     uid = preemptor.metadata.uid
     try:       # the scheduler records events asynchronously: give them a moment to arrive
         watch_until(target.cluster.core.list_event_for_all_namespaces, lambda c: any(
             uid in (e.message or "") for e in c.values()) or None, target.timeouts.event,
             f"Preempted events naming {preemptor.metadata.name}", field_selector="reason=Preempted")
-    except WaitTimeout:
-        pass
+    except WaitTimeout as exc:
+        if isinstance(exc, ApiUnreachable):     # cut by the API server, not ended by time: nothing to judge on
+            raise
     return preemption_victims(target.cluster, uid)
 
 

@@ -42,6 +42,11 @@ def register(sub) -> None:
     p.add_argument("--progress-after", type=float, default=None, metavar="SECONDS",
                    help="report a step once it has lasted this long, then at doubling intervals; 0: no progress "
                         "lines (default 10)")
+    p.add_argument("--api-deadline", type=float, default=None, metavar="SECONDS",
+                   help="how long a request may go without an answer from the API server (refused, reset, silent) "
+                        "before the run takes it as gone and stops, cut short (exit 75, its report written); "
+                        "within it reads, deletes and lease renewals are sent again, so a restarted API server is "
+                        "outlasted (default 120, or $GPUPROOF_API_DEADLINE)")
     p.add_argument("--parallel", default=None, metavar="N",
                    help="per-node checks (health, census, topology, time-slicing probes) start on every node at once, "
                         "with at most N pods in flight (default 16, or $GPUPROOF_PARALLEL); each node is still "
@@ -71,6 +76,8 @@ def pytest_argv(args, run_id: str) -> list[str]:
         argv.append(f"--gpuproof-progress-after={args.progress_after}")
     if getattr(args, "parallel", None) is not None:
         argv.append(f"--gpuproof-parallel={args.parallel}")
+    if getattr(args, "api_deadline", None) is not None:
+        argv.append(f"--gpuproof-api-deadline={args.api_deadline:g}")
     argv += selection_argv(args)
     return argv + list(args.pytest_args)
 
@@ -121,6 +128,8 @@ def _run(args) -> int:
         return plan_command(args)
     if args.progress_after is not None and args.progress_after < 0:
         raise GpuproofError(f"--progress-after must be 0 (off) or more seconds, got {args.progress_after:g}")
+    if args.api_deadline is not None and not args.api_deadline > 0:
+        raise GpuproofError(f"--api-deadline must be more than 0 seconds, got {args.api_deadline:g}")
     if args.parallel is not None:
         from ..plugin.fanout import parse_parallel
 

@@ -36,7 +36,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from ..errors import ApiUnreachable, ClusterError, WaitTimeout, one_line
+from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout, one_line
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
@@ -50,8 +50,16 @@ NEVER_STARTS = ("ErrImageNeverPull", "InvalidImageName")
 # failed pulls of one image (the kubelet's ErrImagePull, retried with back-off: 10 s, 20 s, 40 s ...) after which a
 # pod is taken to never start: an image no mirror serves does not appear by waiting out the deadline
 PULL_TRIES = 3
+WATCH_WINDOW = 60.0         # seconds one watch request of a wait lasts at most (then it is made again, from its place)
 NODE_LOST_TICK = 3.0        # seconds between looks at the run's lost nodes while a pod wait has no event
 THROTTLED_TRIES = 8         # answers of 429 (Too Many Requests) one request is sent again after
+# seconds a request may go without an answer (refused, reset, unanswered) before the API server is taken as gone and
+# the run stops, cut short (--api-deadline, $GPUPROOF_API_DEADLINE); within it, a request safe to send again is
+API_DEADLINE = 120.0
+# requests sent again when the API server refused or broke off the connection: reads, deletes (gpuproof deletes only
+# its own objects: a second delete finds it gone) and the run lease's renewal (a replace at a resourceVersion)
+SAFE_AGAIN = ("GET", "HEAD", "DELETE")
+LEASES = "/apis/coordination.k8s.io/"
 MIRROR_HINT = ("point gpuproof at an image this cluster can pull: GPUPROOF_IMAGE=<mirror>/<image> for the workload "
                "pods, GPUPROOF_LOADGEN_IMAGE for the load generator, GPUPROOF_PAUSE_IMAGE for the check pods")
 
@@ -60,8 +68,10 @@ def run_labels(run_id: str) -> dict[str, str]:
     return {MANAGED_BY: OWNER, RUN_LABEL: run_id}
 
 
-def connect(kubeconfig: str | None = None, context: str | None = None, check: bool = True) -> "Cluster":
-    """Connect by kubeconfig/context. With check, fail fast and clearly when unreachable."""
+def connect(kubeconfig: str | None = None, context: str | None = None, check: bool = True,
+            api_deadline: float | None = None) -> "Cluster":
+    """Connect by kubeconfig/context. With check, fail fast and clearly when unreachable. ``api_deadline``: seconds
+    a request may go unanswered (default :data:`API_DEADLINE`, or ``$GPUPROOF_API_DEADLINE``)."""
     cfg = k8s.Configuration()
     try:
         k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
@@ -79,7 +89,7 @@ def connect(kubeconfig: str | None = None, context: str | None = None, check: bo
     # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 64)
     api = k8s.ApiClient(cfg)
-    InFlight.attach(api)
+    InFlight.attach(api).deadline = api_deadline_from(api_deadline)
     name = context or _current_context(kubeconfig)
     cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
     if check:
@@ -94,14 +104,48 @@ def _current_context(kubeconfig: str | None) -> str:
     return "default"
 
 
+def api_deadline_from(value: float | str | None) -> float:
+    """The API deadline in seconds: ``value``, else ``$GPUPROOF_API_DEADLINE``, else :data:`API_DEADLINE`."""
+    import os
+
+    raw = value if value is not None else os.environ.get("GPUPROOF_API_DEADLINE") or API_DEADLINE
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ClusterError(f"the API deadline must be a number of seconds, got {raw!r}") from None
+    if seconds <= 0:
+        raise ClusterError(f"the API deadline must be more than 0 seconds, got {seconds:g}")
+    return seconds
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """The connection was refused or never made: the request did not reach the API server (safe to send again)."""
+    reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+    return isinstance(reason, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError,
+                               ConnectionRefusedError))
+
+
+def _is_watch(args: tuple, kwargs: dict) -> bool:
+    query = kwargs.get("query_params") if "query_params" in kwargs else (args[0] if args else None)
+    return any(k == "watch" and v for k, v in (query or []))
+
+
 class InFlight:
     """The requests of one API client that have not had an answer yet (a watch: until its response starts), so that
-    a run can say what it waits for when the API server stops answering (issue #41)."""
+    a run can say what it waits for when the API server stops answering (issue #41).
+
+    It also bounds them (issue #41 items 2 and 3): a request sent without a timeout of its caller's waits at most
+    ``deadline`` seconds for its answer; one the API server refused or broke off is sent again, with back-off, within
+    that deadline when that is safe (:data:`SAFE_AGAIN`, the lease's renewal, or a connection never made), so a
+    restarted API server is outlasted; past the deadline :class:`~gpuproof.errors.ApiGone` names the request. One
+    broken off that is not safe to send again (a create that may have been done) is
+    :class:`~gpuproof.errors.ApiUnreachable` at once: the check that sent it is not judged."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._next = 0
         self.open: dict[int, tuple[str, str, float]] = {}     # id -> (method, path, since)
+        self.deadline = API_DEADLINE
 
     @classmethod
     def attach(cls, api: k8s.ApiClient) -> "InFlight":
@@ -115,13 +159,39 @@ class InFlight:
         def request(method, url, *args, **kwargs):
             key = inflight._begin(method, url)
             try:
-                return send(method, url, *args, **kwargs)
+                if kwargs.get("_request_timeout") is not None:     # the caller bounds it and handles its errors
+                    return send(method, url, *args, **kwargs)
+                if _is_watch(args, kwargs):      # a watch may be quiet for long: only its connection is bounded
+                    return send(method, url, *args, **{**kwargs, "_request_timeout": (inflight.deadline, None)})
+                return inflight._send_within_deadline(send, method, url, *args, **kwargs)
             finally:
                 inflight._end(key)
 
         rest.request = request
         api.gpuproof_inflight = inflight
         return inflight
+
+    def _send_within_deadline(self, send, method: str, url: str, *args, **kwargs):
+        path = urllib.parse.urlsplit(url).path or url
+        t0 = time.monotonic()
+        ends = t0 + self.deadline
+        delay = 0.2
+        while True:
+            kwargs["_request_timeout"] = max(1.0, ends - time.monotonic())
+            try:
+                return send(method, url, *args, **kwargs)
+            except (urllib3.exceptions.HTTPError, ConnectionError) as exc:       # no answer: refused, reset, silent
+                why = f"{type(exc).__name__}: {one_line(_root_cause(exc), 200)}"
+                again = method in SAFE_AGAIN or (method == "PUT" and path.startswith(LEASES)) or _not_sent(exc)
+                if not again:
+                    raise ApiUnreachable(f"the API server broke off {method} {path} before answering ({why}); not "
+                                         "sent again, as it may have been done") from None
+                if time.monotonic() + delay >= ends:
+                    raise ApiGone(f"the API server did not answer {method} {path} for {time.monotonic() - t0:.0f}s "
+                                  f"(the API deadline, --api-deadline {self.deadline:g}; {why})") from None
+                # the API server is down or restarting: nothing to watch; back off, within the deadline
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _begin(self, method: str, url: str) -> int:
         path = urllib.parse.urlsplit(url).path or url
@@ -436,18 +506,24 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
     """
     deadline = time.monotonic() + timeout
     cache: dict[str, Any] = {}
+    api_deadline = _api_deadline_of(list_fn)
 
     def relist() -> str:
         # a list is an idempotent read: an API server restarting (connection refused, reset) is asked again, with
-        # back-off, until the wait's own deadline, which then names it
-        delay = 0.2
+        # back-off, until the wait's own deadline, which then names it, or the API deadline, which ends the run
+        delay, since = 0.2, time.monotonic()
         while True:
             try:
                 return relist_once()
             except (urllib3.exceptions.MaxRetryError, urllib3.exceptions.ProtocolError, ConnectionError) as exc:
-                if time.monotonic() + delay > deadline:
+                now = time.monotonic()
+                if now + delay > since + api_deadline:
+                    raise ApiGone(f"the API server did not answer for {now - since:.0f}s (the API deadline, "
+                                  f"--api-deadline {api_deadline:g}) while waiting for {what} "
+                                  f"({type(exc).__name__}: {one_line(exc, 200)})") from None
+                if now + delay > deadline:
                     raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what}: the API server did not "
-                                      f"answer ({type(exc).__name__}: {one_line(exc, 200)})") from None
+                                         f"answer ({type(exc).__name__}: {one_line(exc, 200)})") from None
                 time.sleep(delay)          # the API server is down: nothing to watch; back off, within the deadline
                 delay = min(delay * 2, 5.0)
 
@@ -473,9 +549,11 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
             raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state})")
         w = watch.Watch()
         try:
-            window = min(remaining, tick) if tick else remaining
+            # the API server ends each watch after its window; one that says nothing for the window and a margin
+            # (a frozen API server) is cut here and listed again, which the API deadline bounds
+            window = min(remaining, tick or WATCH_WINDOW, WATCH_WINDOW)
             for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(window + 0.999)),
-                               _request_timeout=remaining + 10, allow_watch_bookmarks=True, **list_kwargs):
+                               _request_timeout=window + 30, allow_watch_bookmarks=True, **list_kwargs):
                 obj = ev["object"]
                 if ev["type"] == "ERROR":
                     raise ApiException(status=getattr(obj, "code", 500) if not isinstance(obj, dict)
@@ -507,6 +585,26 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
             rv = relist()              # the watch was cut (an API server restarting): list again, then watch on
         finally:
             w.stop()
+
+
+def api_deadline_of_client(api: Any) -> float:
+    """The API deadline of an API client (:data:`API_DEADLINE` for one not made by :func:`connect`)."""
+    inflight = getattr(api, "gpuproof_inflight", None)
+    return inflight.deadline if inflight is not None else API_DEADLINE
+
+
+def _api_deadline_of(list_fn: Callable) -> float:
+    """The API deadline of the client a bound list method (CoreV1Api.list_...) sends through."""
+    return api_deadline_of_client(getattr(getattr(list_fn, "__self__", None), "api_client", None))
+
+
+def no_answer(exc: BaseException | None) -> bool:
+    """An error that says the API server did not answer (refused, reset, timed out), not that it said no."""
+    while exc is not None:
+        if isinstance(exc, (ApiUnreachable, urllib3.exceptions.HTTPError, ConnectionError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # -------------------------------------------------------------------- helpers

@@ -10,6 +10,8 @@ kubelet stays silent (:data:`~gpuproof.cluster.api.KUBELET_SILENCE`), refused by
 (:data:`~gpuproof.cluster.api.NEVER_STARTS`), or an image that failed to pull
 :data:`~gpuproof.cluster.api.PULL_TRIES` times; and a pod pinned to a node that was cordoned or went away meanwhile;
 a pod bound or pinned to a node lost during the run ends it with :class:`~gpuproof.errors.NodeLost` within ``tick``.
+A watch the API server leaves broken ends it with :class:`~gpuproof.errors.ApiUnreachable` at its deadline (its pod
+is not judged on what was seen before), or with :class:`~gpuproof.errors.ApiGone` after the API deadline.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import ClusterError, WaitTimeout
+from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout
 from .nodewatch import pod_node, raise_if_node_lost
-from .api import _describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, raise_if_pull_fails
+from .api import (_describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, api_deadline_of_client,
+                  no_answer, raise_if_pull_fails)
 
 
 class PodWatch:
@@ -32,6 +35,7 @@ class PodWatch:
         self.tick = tick
         self.cache: dict[str, Any] = {}
         self.error: BaseException | None = None
+        self.error_since = 0.0          # time.monotonic() since which the watch has been broken (0: it is not)
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -51,7 +55,7 @@ class PodWatch:
                 resp = core.list_namespaced_pod(ns, label_selector=self.label_selector, _request_timeout=30)
                 with self._cond:
                     self.cache = {p.metadata.name: p for p in resp.items}
-                    self.error = None
+                    self.error, self.error_since = None, 0.0
                     self._cond.notify_all()
                 self._ready.set()
                 rv = resp.metadata.resource_version
@@ -84,6 +88,7 @@ class PodWatch:
             except Exception as exc:            # noqa: BLE001  (a lost watch is retried; waiters see why meanwhile)
                 with self._cond:
                     self.error = exc
+                    self.error_since = self.error_since or time.monotonic()
                     self._cond.notify_all()
                 if self._stop.wait(backoff):
                     return
@@ -126,11 +131,26 @@ class PodWatch:
                 if stop is not None and stop.is_set():
                     raise ClusterError(f"stopped waiting for {full}: the run is ending")
                 left = deadline - time.monotonic()
+                self._raise_if_api_gone(full, left <= 0, timeout)
                 if left <= 0:
                     state = _describe_pod(pod) if self._ready.is_set() else (
                         f"the pod list never arrived: {_root_cause(self.error)}" if self.error else "no answer yet")
                     raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state})")
                 self._cond.wait(min(left, self.tick))
+
+    def _raise_if_api_gone(self, what: str, at_deadline: bool, timeout: float) -> None:
+        """ApiGone once the watch has been broken for the API deadline; at the wait's deadline, ApiUnreachable while it
+        is broken: what the wait observed was cut by the API server, so nothing is judged on it (issue #41 item 3)."""
+        if not self.error_since or not no_answer(self.error):
+            return
+        broken = time.monotonic() - self.error_since
+        limit = api_deadline_of_client(self.run.cluster.api)
+        if broken >= limit:
+            raise ApiGone(f"the API server did not answer for {broken:.0f}s (the API deadline, --api-deadline "
+                          f"{limit:g}) while waiting for {what} ({_root_cause(self.error)})")
+        if at_deadline:
+            raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what}: the API server did not answer "
+                                 f"for the last {broken:.0f}s ({_root_cause(self.error)})")
 
     def _raise_if_node_refuses(self, pod, what: str) -> None:
         """WaitTimeout when the scheduler cannot place a pod pinned to one node because that node has been cordoned

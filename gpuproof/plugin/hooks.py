@@ -7,8 +7,9 @@ import os
 import signal
 
 import pytest
+import urllib3
 
-from ..errors import ApiUnreachable, GpuproofError, NodeLost
+from ..errors import ApiGone, ApiUnreachable, GpuproofError, NodeLost, one_line
 from .providers import stop_session
 from .target import REAL_GPU_REASON, get_target, started_target
 from .checks import Pool
@@ -48,6 +49,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gpuproof-lease-wait", "--lease-wait", dest="lease_wait", type=float, default=300.0,
                 metavar="SECONDS", help="how long to wait for another gpuproof run on the same cluster to finish "
                                         "(its run lease); default 300")
+    g.addoption("--gpuproof-api-deadline", "--api-deadline", dest="api_deadline", type=float,
+                default=None, metavar="SECONDS",
+                help="how long a request may go without an answer from the API server (refused, reset, silent) "
+                     "before the run takes it as gone and stops, cut short (exit 75 under gpuproof run, the report "
+                     "written); within it reads, deletes and lease renewals are sent again. Default 120, or "
+                     "$GPUPROOF_API_DEADLINE")
     g.addoption("--gpuproof-no-lease", "--no-lease", dest="no_lease", action="store_true",
                 help="run without taking the cluster's run lease (concurrent runs are then not kept apart)")
 
@@ -167,10 +174,11 @@ def lost_under(item: pytest.Item) -> tuple[str, str]:
     return "", ""
 
 
-def _not_judged_record(item: pytest.Item, node: str, why: str) -> None:
-    """One skip record for a test on a lost node that wrote none for it (it never ran, or was cut before a verdict)."""
+def _not_judged_record(item: pytest.Item, node: str, why: str, always: bool = False) -> None:
+    """One skip record for a test on a lost node that wrote none for it (it never ran, or was cut before a verdict);
+    ``always``: also beside what it recorded before it was cut (an API server that stopped answering under it)."""
     checker = getattr(item, "_gpuproof_checker", None)
-    if checker is not None and node in checker.targets:
+    if checker is not None and node in checker.targets and not always:
         return
     t = started_target(item.config)
     if t is None or t._run_dir is None:
@@ -209,11 +217,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         _not_judged_record(item, call.excinfo.value.node, call.excinfo.value.reason)
         report.outcome = "skipped"
         report.longrepr = (*where, f"not judged: {call.excinfo.value}")
-    elif report.failed and call.excinfo is not None and call.excinfo.errisinstance(ApiUnreachable):
+    elif report.failed and call.excinfo is not None and call.excinfo.errisinstance(
+            (ApiUnreachable, urllib3.exceptions.HTTPError, ConnectionError)):
+        # what the check observed was cut by the API server (issue #41 item 3): no verdict, a record saying why
         t = get_target(item.config)
+        why = one_line(call.excinfo.value, 400)
+        if not call.excinfo.errisinstance(ApiUnreachable):        # a raw no-answer (a watch's stream broken off)
+            why = f"the API server stopped answering ({type(call.excinfo.value).__name__}: {why})"
         t.cut_short = t.cut_short or f"the API server stopped answering during {item.nodeid}"
+        if call.excinfo.errisinstance(ApiGone):
+            # gone for the API deadline: the run stops here, as one cut short (the checks to come are not run)
+            t.cut_short = f"{why}, during {item.nodeid}; the run stopped there"
+            item.session.shouldstop = f"the API server stopped answering: {why}"
+        nodes = item_nodes(item)
+        _not_judged_record(item, nodes[0] if nodes else "cluster", why, always=True)
         report.outcome = "skipped"
-        report.longrepr = (*where, f"not judged: {call.excinfo.value}")
+        report.longrepr = (*where, f"not judged: {why}")
     elif report.when == "call" and not report.skipped:
         node, why = lost_under(item)
         if why:                                  # judged on what the run saw of a node that is gone: no verdict

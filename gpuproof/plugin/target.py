@@ -31,19 +31,14 @@ REAL_GPU_REASON = "needs real GPUs: the target's GPU nodes are simulated (kwok)"
 # the run's outcome (run.json) when the cluster stopped answering: gpuproof run ends with CUT_SHORT_EXIT
 CUT_SHORT = "cut short: "
 CUT_SHORT_EXIT = 75          # sysexits' EX_TEMPFAIL: a temporary failure, worth trying again once the cluster answers
+CLEANUP_AFTER_GONE_S = 15.0  # the API deadline of the cleanup of a run that took its API server as gone
 
 
 def api_gone(exc: BaseException) -> bool:
     """An error that says the API server did not answer (refused, reset, timed out), not that it said no."""
-    import urllib3
+    from ..cluster.api import no_answer
 
-    from ..errors import ApiUnreachable
-
-    while exc is not None:
-        if isinstance(exc, (ApiUnreachable, urllib3.exceptions.HTTPError, ConnectionError)):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return no_answer(exc)
 
 
 class Target:
@@ -99,7 +94,7 @@ class Target:
         try:
             if self.real:
                 kubeconfig, context = self.choice.open(self.progress)   # creates a throwaway (kind, ...) cluster
-                self.cluster = connect(kubeconfig, context)
+                self.cluster = connect(kubeconfig, context, api_deadline=self.config.getoption("api_deadline", None))
                 self._kubeconfig = kubeconfig
                 from ..cluster.rbac import preflight, pytest_needs
 
@@ -121,7 +116,7 @@ class Target:
                 self.sim = SimCluster(state, base_port=base, private=True)
                 self.progress(f"starting embedded cluster (fleet {self.fleet.name}, {self.fleet.node_count} nodes)")
                 kubeconfig = self.sim.up(self.fleet, progress=self.progress)
-                self.cluster = connect(str(kubeconfig))
+                self.cluster = connect(str(kubeconfig), api_deadline=self.config.getoption("api_deadline", None))
                 self.cluster.name = "embedded"
         except GpuproofError as exc:
             self.error = exc
@@ -244,6 +239,10 @@ class Target:
         # every step stands alone: a cluster that stopped answering costs the steps that need it, never the run's
         # records (the report is written from them after pytest, gpuproof/cli/run.py)
         if self._run is not None and not self._run._cleaned:
+            inflight = getattr(self.cluster.api, "gpuproof_inflight", None)
+            if inflight is not None and self.cut_short and "the API deadline" in self.cut_short:
+                # taken as gone already: the cleanup asks once more, briefly; `gpuproof clean` does the rest later
+                inflight.deadline = min(inflight.deadline, CLEANUP_AFTER_GONE_S)
             try:
                 self._run.cleanup(wait=True, timeout=self.timeouts.cleanup, progress=self.progress)
             except Exception as exc:

@@ -260,6 +260,29 @@ class SimCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
         return True
 
+    def restart(self, comp: str = "kube-apiserver", timeout: float = 120.0) -> int:
+        """Start one component again with the arguments it ran with, stopping it first if it still runs (killed or
+        paused by a test: gpuproof's own fault tests, issue #41 item 7). Returns its new pid once it reports
+        healthy."""
+        state = self.load_state()
+        if state is None:
+            raise ControlPlaneError("the embedded cluster is not running")
+        pid, exe = state.pids.get(comp), state.exes[comp]
+        if pid and _alive(pid, exe):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)          # a paused process hears SIGTERM only once it runs again
+            _terminate(pid, exe)
+        old = self._procs.get(comp)
+        if old is not None and old.pid == pid:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                old.wait(timeout=10)                  # our child: reap it
+        bins = _binaries.Binaries({k: Path(v) for k, v in state.exes.items()}, {})
+        proc = self._spawn(comp, self._args(comp, bins, state.base_port, None))
+        state.pids[comp] = proc.pid
+        self._save_state(state)
+        self._wait_healthy(comp, state, time.monotonic() + timeout)
+        return proc.pid
+
     # ------------------------------------------------------------------ fleet
 
     def load_fleet(self, fleet: Fleet, progress: Progress = _quiet, timeout: float = 120.0) -> None:
@@ -356,6 +379,10 @@ class SimCluster:
                     *([f"--disable-admission-plugins={','.join(self._control_plane.disable_admission_plugins)}"]
                       if self._control_plane.disable_admission_plugins else []),
                     "--kubelet-preferred-address-types=InternalIP,Hostname",   # kubelet nodes' names do not resolve
+                    *(["--enable-priority-and-fairness=false",       # the limit itself answers 429 (fleet.ControlPlane)
+                       f"--max-requests-inflight={self._control_plane.max_requests_inflight}",
+                       f"--max-mutating-requests-inflight={self._control_plane.max_requests_inflight}"]
+                      if self._control_plane.max_requests_inflight else []),
                     "--allow-privileged=true", "--profiling=false", "--v=1"]
         if comp in ("kube-controller-manager", "kube-scheduler"):
             args = [exe, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",

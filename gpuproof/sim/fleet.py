@@ -433,9 +433,14 @@ class ControlPlane:
 
     disable_admission_plugins: list[str] = dataclasses.field(default_factory=list)
     disable_scheduler_plugins: list[str] = dataclasses.field(default_factory=list)
+    # the API server's --max-requests-inflight (and mutating), with API priority and fairness off, so that the limit
+    # itself answers 429 to what is over it (0: Kubernetes' defaults); the components run as system:masters, which
+    # the limit exempts: only other users are throttled (issue #41 item 6)
+    max_requests_inflight: int = 0
 
     def key(self) -> str:
-        return ",".join(sorted(self.disable_admission_plugins)) + "|" + ",".join(sorted(self.disable_scheduler_plugins))
+        key = ",".join(sorted(self.disable_admission_plugins)) + "|" + ",".join(sorted(self.disable_scheduler_plugins))
+        return key + (f"|inflight={self.max_requests_inflight}" if self.max_requests_inflight else "")
 
 
 @dataclasses.dataclass

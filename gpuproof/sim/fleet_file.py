@@ -432,6 +432,7 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
     if cp_f:
         cp.disable_admission_plugins = cp_f.str_list("disableAdmissionPlugins")
         cp.disable_scheduler_plugins = cp_f.str_list("disableSchedulerPlugins")
+        cp.max_requests_inflight = cp_f.int("maxRequestsInflight", 0, minimum=0, maximum=100000)
         cp_f.done()
         for i, name in enumerate(cp.disable_admission_plugins + cp.disable_scheduler_plugins):
             if not re.match(r"^[A-Za-z][A-Za-z0-9]*$", name):
