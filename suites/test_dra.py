@@ -13,6 +13,7 @@ Skipped, with the reason, where the cluster serves no ``resource.k8s.io/v1`` or 
 
 import pytest
 
+from gpuproof.cluster.churn import ForeignPods, fill_done, taken_away
 from gpuproof.discovery import dra
 from gpuproof.cluster.api import WaitTimeout
 from gpuproof.errors import ApiUnreachable
@@ -43,6 +44,12 @@ def _free(discovery, target, kind: str = "gpu") -> dict[str, list[dra.Device]]:
         if free:
             out[n.name] = free
     return out
+
+
+def _churn(discovery, target, run) -> ForeignPods:
+    """The churn guard over the DRA nodes pods can land on: started before their free devices are counted, so a
+    device other people's pods take meanwhile makes a failed check a skip naming them (issue #41 item 5)."""
+    return ForeignPods(target.cluster, run.run_id, [n.name for n in discovery.dra_placeable])
 
 
 def _claim_pod(name: str, template: str | None = None, claim: str | None = None, node: str | None = None) -> dict:
@@ -153,6 +160,7 @@ def test_not_offered_twice(gpu_node, check):
 @pytest.mark.creates("Pod", "no-gpu", on="any", requests="the unsatisfiable claim", note="stays Pending")
 def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-claim-allocated")
+    churn = _churn(discovery, target, run)
     devices = _devices(discovery)
     free = _free(discovery, target)
     products = sorted({d.attributes.get("productName") for ds in free.values() for d in ds})
@@ -165,7 +173,7 @@ def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, ch
         ok, desc = _allocation_ok(run, p, devices, lambda d, want=product: d.attributes.get("productName") == want)
         check.true("dra-claim-allocated", ok, expected=f"Running, 1 {product} allocated on the pod's node",
                    actual=desc, what=f"a pod with a claim for one {product}",
-                   target=f"product/{product.replace(' ', '-')}")
+                   target=f"product/{product.replace(' ', '-')}", churn=churn)
     scratch.create(dra.claim_template("nothing", [dra.request(
         "gpu", dra.GPU_CLASS, 1, [f"device.attributes['{dra.DRIVER}'].productName == 'gpuproof-no-such-gpu'"])]))
     p = _placed(run, scratch, target, "no-gpu", _claim_pod("no-gpu", template="nothing"), 60)
@@ -181,6 +189,7 @@ def test_one_gpu_claim_runs_where_the_gpu_is(discovery, run, scratch, target, ch
 @pytest.mark.creates("Pod", "cel-<selector>-<i>", "up to 3 per selector", on="any", requests="a claim from it")
 def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-cel")
+    churn = _churn(discovery, target, run)
     devices = _devices(discovery)
     free = [d for ds in _free(discovery, target).values() for d in ds]
     if not free:
@@ -207,7 +216,7 @@ def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, chec
             p = _placed(run, scratch, target, name, _claim_pod(name, template=f"cel-{key}"))
             ok, desc = _allocation_ok(run, p, devices, want)
             check.true(f"dra-cel-{key}", ok, expected=f"Running on a device with {rule}", actual=desc,
-                       what=f"pod {i + 1} of {k} selecting {rule}", target=f"selector/{key}")
+                       what=f"pod {i + 1} of {k} selecting {rule}", target=f"selector/{key}", churn=churn)
 
 
 @pytest.mark.places_pods
@@ -217,6 +226,7 @@ def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, chec
 @pytest.mark.creates("Pod", "own-<i>", "up to 4", on="any", requests="a claim each from own-gpu")
 def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-shared-claim")
+    churn = _churn(discovery, target, run)
     devices = _devices(discovery)
     free = _free(discovery, target)
     if not free:
@@ -232,7 +242,7 @@ def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check)
     check.true("dra-shared-claim", ok, expected="both pods Running on one node, one device, reserved for both",
                actual=f"{'; '.join(pod_outcome(p) for p in pods)}; {dra.describe_allocation([claim], devices)}; "
                       f"reserved for {dra.reserved_for(claim)}", what="one ResourceClaim used by two pods",
-               target="cluster")
+               target="cluster", churn=churn)
     k = min(4, sum(len(v) for v in free.values()) - 1)
     scratch.create(dra.claim_template("own-gpu", [dra.request("gpu", dra.GPU_CLASS, 1)]))
     mine = [_placed(run, scratch, target, f"own-{i}", _claim_pod(f"own-{i}", template="own-gpu")) for i in range(k)]
@@ -241,7 +251,7 @@ def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check)
                and len(set(held)) == k, expected=f"{k} pods Running on {k} distinct devices",
                actual=f"{sum(p.status.phase == 'Running' for p in mine)} Running, devices "
                       f"{sorted(f'{pool}/{dev}' for _, pool, dev in held)}",
-               what="pods each with its own claim from one ResourceClaimTemplate", target="cluster")
+               what="pods each with its own claim from one ResourceClaimTemplate", target="cluster", churn=churn)
 
 
 @pytest.mark.places_pods
@@ -249,6 +259,7 @@ def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check)
 @pytest.mark.creates("Pod", "pair", on="any", requests="a claim from pair")
 def test_two_devices_with_match_attribute(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-match-attribute")
+    churn = _churn(discovery, target, run)
     devices = _devices(discovery)
     roomy = {n: ds for n, ds in _free(discovery, target).items() if len(ds) >= 2}
     if not roomy:
@@ -262,7 +273,7 @@ def test_two_devices_with_match_attribute(discovery, run, scratch, target, check
         {d.node for d in got} == {p.spec.node_name} and len({d.attributes.get("productName") for d in got}) == 1
     check.true("dra-match-attribute", ok, expected=f"Running with 2 devices on its node, one {attr}",
                actual=f"{pod_outcome(p)}; {dra.describe_allocation(claims, devices)}",
-               what=f"a pod asking 2 GPUs with matchAttribute {attr}", target="cluster")
+               what=f"a pod asking 2 GPUs with matchAttribute {attr}", target="cluster", churn=churn)
 
 
 @pytest.mark.places_pods
@@ -272,6 +283,7 @@ def test_two_devices_with_match_attribute(discovery, run, scratch, target, check
 @pytest.mark.creates("Pod", "mig-absent", on="any", requests="a claim from mig-absent", note="stays Pending")
 def test_mig_devices_by_profile(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-mig-placement")
+    churn = _churn(discovery, target, run)
     devices = _devices(discovery)
     where: dict[str, set[str]] = {}
     for d in discovery.dra_devices:
@@ -291,7 +303,8 @@ def test_mig_devices_by_profile(discovery, run, scratch, target, check):
         ok, desc = _allocation_ok(run, p, devices, lambda d, want=profile: d.type == "mig" and d.profile == want)
         check.true("dra-mig-placement", ok and p.spec.node_name in nodes,
                    expected=f"Running on one of {sorted(nodes)} with a {profile} MIG device", actual=desc,
-                   what=f"a pod claiming a {profile} device of class {dra.MIG_CLASS}", target=f"profile/{profile}")
+                   what=f"a pod claiming a {profile} device of class {dra.MIG_CLASS}", target=f"profile/{profile}",
+                   churn=churn)
     sel = f"device.attributes['{dra.DRIVER}'].profile == '7g.999gb'"
     scratch.create(dra.claim_template("mig-absent", [dra.request("mig", dra.MIG_CLASS, 1, [sel])]))
     p = _placed(run, scratch, target, "mig-absent", _claim_pod("mig-absent", template="mig-absent"), 60)
@@ -306,6 +319,7 @@ def test_mig_devices_by_profile(discovery, run, scratch, target, check):
                      requests="a claim each from fill", note="pinned to the DRA node with the fewest free GPUs")
 def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-exhaust")
+    churn = _churn(discovery, target, run)
     free = _free(discovery, target)
     if not free:
         check.skip("dra-exhaust", "no free whole GPU published through DRA on a node that takes pods")
@@ -315,14 +329,17 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
     names = [f"fill-{i}" for i in range(count + 1)]
     for name in names:
         scratch.create(_claim_pod(name, template="fill", node=node))
-    pods = run.wait_pods(lambda c: [c[n] for n in names] if all(n in c and settled(c[n]) for n in names) else None,
-                         target.timeouts.pods_settled, f"{count + 1} pods pinned to {node} to be placed or refused")
+    how, got = run.wait_pods(fill_done(names, settled), target.timeouts.pods_settled,
+                             f"{count + 1} pods pinned to {node} to be placed or refused")
+    if how == "taken":
+        check.skip("dra-exhaust", taken_away(churn, node, got))
+    pods = [got[n] for n in names]
     running = [p.metadata.name for p in pods if p.status.phase == "Running"]
     waiting = [p.metadata.name for p in pods if pod_outcome(p).startswith("unschedulable")]
     check.true("dra-exhaust", len(running) == count and len(waiting) == 1,
                expected=f"{count} Running (the node's free devices), 1 Pending",
                actual=f"{len(running)} Running, {len(waiting)} Pending ({'; '.join(pod_outcome(p) for p in pods)})",
-               what=f"{count + 1} pods each claiming one GPU on {node}", target=node)
+               what=f"{count + 1} pods each claiming one GPU on {node}", target=node, churn=churn)
     if len(waiting) != 1 or not running:
         return
     scratch.delete_pod(running[0])
@@ -334,7 +351,7 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
             raise
         p = run.pod(waiting[0])
     check.true("dra-freed-claim-reused", p.status.phase == "Running", expected="Running after a claim was freed",
-               actual=pod_outcome(p), what=f"the waiting pod on {node}", target=node)
+               actual=pod_outcome(p), what=f"the waiting pod on {node}", target=node, churn=churn)
 
 
 @pytest.mark.creates("ConfigMap", "gpuproof-workloads")

@@ -38,7 +38,7 @@ NO_GFD_PEERS = (r"labelled by (gke|karpenter|instance-type): no node of pool \S+
 TAKEN = (r".*(taken by other pods|other pods hold them all|has no free \S+|has fewer than 2 free \S+|"
          r"has -?\d+ free \S+ \(checked for 1-\d+\)|have -?\d+ free GPUs \(checked for 1-16\)|"
          r"needs two GPU products with free GPUs.*|no GPU node with 1-16 free GPUs.*|did not take \d+ low-priority.*|"
-         r"is allocated to other claims).*")
+         r"is allocated to other claims|taken away while \S+ filled).*")
 
 
 def either(*patterns: str) -> str:

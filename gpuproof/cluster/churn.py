@@ -6,6 +6,10 @@ run's arrived on or left those nodes meanwhile, the capacity the check was built
 under it, and the check is skipped with that reason instead of failing (see
 ``Checker.true(..., churn=...)``).
 
+A check that fills a node's free capacity with its own pods waits on them with :func:`fill_done`: one of them taken away
+meanwhile (another's preemptor, a deletion) ends the wait at once, and the check is not judged, naming whose pods came
+(:func:`taken_away`), instead of waiting out its deadline into a failure.
+
 Preemption victims are what the scheduler records on them (a ``Preempted`` event naming the
 preemptor's UID, the ``DisruptionTarget`` condition), never pods that merely disappeared.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from kubernetes import watch
 
@@ -110,6 +114,28 @@ def _follow(ref, w, selector: dict, rv: str) -> None:
         owner = ref()
         if owner is not None:
             owner.lost = f"watch ended: {exc}"
+
+
+def fill_done(names: list[str], settled: Callable[[Any], bool]) -> Callable[[dict], Any]:
+    """done() of a wait on the pods a check fills a node's free capacity with (issue #41 item 5): ``("taken", [...])``
+    as soon as one of them, once seen, is gone or going (preempted by other people's pods, or deleted: capacity
+    taken from under the check, which no longer waits for it), ``("placed", cache)`` once all are ``settled``."""
+    seen: set[str] = set()
+
+    def done(cache: dict) -> Any:
+        seen.update(n for n in names if n in cache)
+        taken = [n for n in sorted(seen) if n not in cache or cache[n].metadata.deletion_timestamp]
+        if taken:
+            return "taken", taken
+        return all(n in cache and settled(cache[n]) for n in names) and ("placed", cache)
+
+    return done
+
+
+def taken_away(churn: ForeignPods, where: str, taken: list[str]) -> str:
+    """Why a check whose fill pods were taken away is not judged: whose pods came or went meanwhile, when seen."""
+    return churn.changed() or (f"{', '.join(taken)} taken away while {where} filled (preempted by other pods, or "
+                               "deleted): the capacity the check was filling is not its own")
 
 
 def preemption_victims(cluster, preemptor_uid: str) -> set[str]:
