@@ -27,6 +27,8 @@ BUILT = {
     ("test_dra.py", "f'dra-cel-{key}'"): {"dra-cel-product", "dra-cel-memory", "dra-cel-compute"},
     ("test_mig.py", "name"): {"one-mig-device-per-pod", "mig-devices-distinct"},     # suite.mig_device_checks
     ("test_driver.py", "name"): {"driver-version-in-pod", "cuda-driver-version-in-pod"},        # test_driver.CHECKS
+    ("test_access.py", "name"): {"access-granted-one-gpu", "access-ungranted-none", "access-envvar-none",
+                                 "access-sibling-none"},                                       # test_access.CHECKS
     ("test_census.py", "v.check"): {"census-result", "census-matmul-pool", "census-matmul-datasheet",   # census.CHECKS
                                     "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
     ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
@@ -71,6 +73,7 @@ def recordable_checks() -> dict[str, str]:
 def fault_tables() -> dict[str, dict]:
     """test id -> its table: case -> row whose last item lists (check, target, expected, actual, ...)."""
     sys.path.insert(0, str(Path(__file__).parent))
+    import test_access_checks
     import test_bench_checks
     import test_census_checks
     import test_dra
@@ -94,6 +97,7 @@ def fault_tables() -> dict[str, dict]:
             test_suite_faults_more.NO_DRA_CASES,
         "tests/test_dra.py::test_dra_check_fails_on_its_fault": test_dra.DRA_FAULTS,
         "tests/test_driver_checks.py::test_driver_check_fails_on_its_fault": test_driver_checks.FAULTS,
+        "tests/test_access_checks.py::test_access_check_fails_on_its_fault": test_access_checks.FAULTS,
         "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
         "tests/test_bench_checks.py::test_bench_check_fails_on_its_fault": test_bench_checks.RUNS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,

@@ -16,6 +16,7 @@ import yaml
 from gpuproof.cli.main import main
 from gpuproof.errors import GpuproofError
 from gpuproof.report.conformance import (
+    ACCESS_CHECKS,
     CHECKLISTS,
     PRODUCT_MD,
     PRODUCT_YAML,
@@ -120,13 +121,12 @@ def test_the_1_37_checklist_as_the_reference_lists_it():
 
 def test_the_table_names_only_features_and_checks_the_suites_have():
     """Drift guard: a feature or check renamed in suites/ must be renamed in the table (the monitoring suite's
-    checks on an exporter's output are named where they are judged, gpuproof/discovery/monitoring.py). The access
-    suite is being written (issue #38 item 1): its names are still to come."""
+    checks on an exporter's output are named where they are judged, gpuproof/discovery/monitoring.py)."""
     judged_in = [SUITES.parent / "gpuproof" / "discovery" / "monitoring.py"]
     text = "\n".join(p.read_text() for p in [*SUITES.glob("test_*.py"), *judged_in])
     features = set(re.findall(r'^FEATURE = "([a-z_]+)"', text, re.M))
     parts = [p for reqs in CHECKLISTS.values() for r in reqs for p in r.parts]
-    assert {p.feature for p in parts if p.feature} - features <= {"access"}
+    assert {p.feature for p in parts if p.feature} - features == set()
     for p in parts:
         for pattern in (*p.checks, *p.require):
             if pattern != "*":
@@ -228,6 +228,41 @@ def test_another_failed_test_under_the_upstream_name_fails_the_requirement(tmp_p
     assert "file://ev/junit.xml#TestSecureAcceleratorAccess" in access["evidence"]
     write_evidence(make_run(tmp_path / "p", cases=access_cases() + [env[:2] + ("passed", "")]), tmp_path / "p-out")
     assert requirement(product(tmp_path / "p-out"), "secure_accelerator_access")["status"] == "Implemented"
+
+
+def test_the_access_suites_own_cases_and_records_judge_the_requirement(tmp_path):
+    """As suites/test_access.py writes them: JUnit cases TestSecureAcceleratorAccess::test_<subtest>[<node>] of the
+    module's class, and one check record per node and subtest (feature access); its EnvVarIsolationTest failing on one
+    node fails the requirement, naming the node and the GPUs the pod reached."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpuproof_suite_access", SUITES / "test_access.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    assert ACCESS_CHECKS == {k: v for k, v in suite.CHECKS.items() if k in ACCESS}
+    cls = "suites.test_access.TestSecureAcceleratorAccess"
+
+    def run(env_verdict: str, name: str) -> dict:
+        checks = [CheckRecord("access", suite.CHECKS[sub], node, "pass") for sub in ACCESS for node in ("a", "b")]
+        env_msg = ("b: pod access-env-b container ungranted-env-all on b, granted nothing with "
+                   "NVIDIA_VISIBLE_DEVICES=all: expected no GPU, actual 2 GPUs: /dev/nvidia0, /dev/nvidia1")
+        checks += [CheckRecord("access", "access-envvar-none", "a", "pass"),
+                   CheckRecord("access", "access-envvar-none", "b", env_verdict,
+                               message=env_msg if env_verdict == "fail" else "")]
+        cases = [(cls, f"test_{sub}[{node}]", "passed", "") for sub in ACCESS for node in ("a", "b")]
+        cases += [(cls, "test_EnvVarIsolationTest[a]", "passed", ""),
+                  (cls, "test_EnvVarIsolationTest[b]", "failed" if env_verdict == "fail" else "passed", env_msg)]
+        write_evidence(make_run(tmp_path / name, checks, cases), tmp_path / f"{name}-out", prefix="ev")
+        return requirement(product(tmp_path / f"{name}-out"), "secure_accelerator_access")
+
+    ok = run("pass", "ok")
+    assert ok["status"] == "Implemented", ok["notes"]
+    assert ok["evidence"][:3] == [f"file://ev/junit.xml#TestSecureAcceleratorAccess/{s}" for s in ACCESS]
+    assert "PositiveAccessTest passed (2 checks passed on 2 targets, 2 tests passed)" in ok["notes"]
+    bad = run("fail", "bad")
+    assert bad["status"] == "Not Implemented"
+    assert "other tests of TestSecureAcceleratorAccess FAILED: suites.test_access.TestSecureAcceleratorAccess::" \
+           "test_EnvVarIsolationTest[b]: b: pod access-env-b container ungranted-env-all" in bad["notes"]
 
 
 def test_skipped_only_is_not_implemented(tmp_path):

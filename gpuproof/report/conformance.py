@@ -99,10 +99,14 @@ class Requirement:
     guard: tuple[str, ...] = ()   # JUnit anchors: a failed case under one, in no part, fails the requirement too
 
 
+ACCESS_CHECKS = {"PositiveAccessTest": "access-granted-one-gpu", "NegativeIsolationTest": "access-ungranted-none",
+                 "MultiContainerIsolationTest": "access-sibling-none"}     # suites/test_access.py's CHECKS
+
+
 def _access(sub: str) -> Part:
-    # TODO(access suite, issue #38 item 1): name the access checks here (feature "access"): checks=("...",).
-    # Until then the JUnit case named after the upstream subtest judges the part.
-    return Part(sub, junit=(f"TestSecureAcceleratorAccess/{sub}",), feature="access")
+    """suites/test_access.py's check for the upstream subtest (feature "access") judges the part, and the JUnit case
+    named after it (``TestSecureAcceleratorAccess::test_<sub>[<node>]``)."""
+    return Part(sub, junit=(f"TestSecureAcceleratorAccess/{sub}",), feature="access", checks=(ACCESS_CHECKS[sub],))
 
 
 def _driver(sub: str, checks: tuple[str, ...], require: tuple[str, ...] = ()) -> Part:
@@ -240,7 +244,8 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "unauthorized access or interference between workloads.",
         parts=(_access("PositiveAccessTest"), _access("NegativeIsolationTest"),
                _access("MultiContainerIsolationTest")),
-        # gpuproof's further access checks (NVIDIA_VISIBLE_DEVICES=all in an ungranted pod, DRA) under the same name
+        # gpuproof's further access check under the same name (EnvVarIsolationTest: NVIDIA_VISIBLE_DEVICES=all in a
+        # pod without a grant): a failure of it fails the requirement too
         guard=("TestSecureAcceleratorAccess",)),
     Requirement(
         "security", "workload_sandboxing", "SHOULD",
