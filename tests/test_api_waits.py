@@ -225,3 +225,26 @@ def test_an_api_server_gone_for_the_api_deadline_stops_the_run_and_a_broken_stre
     assert "not judged: the API server did not answer GET /api/v1/nodes for 8s" in out, out
     assert "Interrupted: the API server stopped answering: the API server did not answer GET" in out, out
     assert "test_after" not in (tmp_path / "junit.xml").read_text()
+
+
+def test_a_fleet_can_lower_the_embedded_api_servers_inflight_limit(tmp_path):
+    """controlPlane.maxRequestsInflight: the embedded API server runs with that limit on reads and on writes, and
+    API priority and fairness off, so that the limit itself answers 429 (issue #41 item 6)."""
+    from gpuproof.errors import FleetError
+    from gpuproof.sim.controlplane import SimCluster
+    from gpuproof.sim.fleet import ControlPlane
+    from gpuproof.sim.fleet_file import parse_fleet
+
+    pools = [{"name": "l4", "count": 1, "gpu": {"product": "NVIDIA-L4", "count": 1}}]
+    fleet = parse_fleet({"name": "t", "controlPlane": {"maxRequestsInflight": 2}, "pools": pools}, source="t")
+    assert fleet.control_plane.max_requests_inflight == 2
+    assert fleet.control_plane.key() != ControlPlane().key() == "|"      # a running cluster is restarted for it
+    with pytest.raises(FleetError, match="maxRequestsInflight: must be a whole number"):
+        parse_fleet({"name": "t", "controlPlane": {"maxRequestsInflight": "low"}, "pools": pools}, source="t")
+    sim = SimCluster(tmp_path)
+    sim._control_plane = fleet.control_plane
+    args = sim._args("kube-apiserver", {"kube-apiserver": "/bin/kube-apiserver"}, 20000, None)
+    assert {"--enable-priority-and-fairness=false", "--max-requests-inflight=2",
+            "--max-mutating-requests-inflight=2"} <= set(args)
+    sim._control_plane = ControlPlane()
+    assert not [a for a in sim._args("kube-apiserver", {"kube-apiserver": "/x"}, 20000, None) if "inflight" in a]

@@ -529,7 +529,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
 
     def relist_once() -> str:
         cache.clear()
-        resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout)))
+        resp = list_fn(**list_kwargs, _request_timeout=max(5.0, min(30.0, timeout, api_deadline)))
         if isinstance(resp, dict):
             for item in resp.get("items") or []:
                 cache[item["metadata"]["name"]] = item
@@ -553,7 +553,8 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
             # (a frozen API server) is cut here and listed again, which the API deadline bounds
             window = min(remaining, tick or WATCH_WINDOW, WATCH_WINDOW)
             for ev in w.stream(list_fn, resource_version=rv, timeout_seconds=max(1, int(window + 0.999)),
-                               _request_timeout=window + 30, allow_watch_bookmarks=True, **list_kwargs):
+                               _request_timeout=window + min(30.0, api_deadline), allow_watch_bookmarks=True,
+                               **list_kwargs):
                 obj = ev["object"]
                 if ev["type"] == "ERROR":
                     raise ApiException(status=getattr(obj, "code", 500) if not isinstance(obj, dict)

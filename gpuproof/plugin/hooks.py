@@ -227,7 +227,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         t.cut_short = t.cut_short or f"the API server stopped answering during {item.nodeid}"
         if call.excinfo.errisinstance(ApiGone):
             # gone for the API deadline: the run stops here, as one cut short (the checks to come are not run)
-            t.cut_short = f"{why}, during {item.nodeid}; the run stopped there"
+            t.cut_short, t.api_gone = f"{why}, during {item.nodeid}; the run stopped there", True
             item.session.shouldstop = f"the API server stopped answering: {why}"
         nodes = item_nodes(item)
         _not_judged_record(item, nodes[0] if nodes else "cluster", why, always=True)

@@ -47,6 +47,7 @@ class Target:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.cut_short = ""          # what of the cluster cut the run short ('' while it answers)
+        self.api_gone = False        # the API server answered nothing for the API deadline: the run stopped
         opt = config.getoption
         from .providers import choose
 
@@ -240,7 +241,7 @@ class Target:
         # records (the report is written from them after pytest, gpuproof/cli/run.py)
         if self._run is not None and not self._run._cleaned:
             inflight = getattr(self.cluster.api, "gpuproof_inflight", None)
-            if inflight is not None and self.cut_short and "the API deadline" in self.cut_short:
+            if inflight is not None and self.api_gone:
                 # taken as gone already: the cleanup asks once more, briefly; `gpuproof clean` does the rest later
                 inflight.deadline = min(inflight.deadline, CLEANUP_AFTER_GONE_S)
             try:
@@ -267,7 +268,10 @@ class Target:
                                                       for why in lost.values())) if x)
         self.cut_short = cut
         if self._run_dir is not None:
-            self.write_inventory()
+            if self.api_gone:
+                self.progress("the inventory is not written: the API server stopped answering")
+            else:
+                self.write_inventory()
             if lost:
                 self._run_dir.meta.extra["lost_nodes"] = lost
             self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{cut}" if cut else outcome)

@@ -260,13 +260,16 @@ class SimCluster:
             shutil.rmtree(self.dir, ignore_errors=True)
         return True
 
-    def restart(self, comp: str = "kube-apiserver", timeout: float = 120.0) -> int:
+    def restart(self, comp: str = "kube-apiserver", timeout: float = 120.0,
+                control_plane: ControlPlane | None = None) -> int:
         """Start one component again with the arguments it ran with, stopping it first if it still runs (killed or
-        paused by a test: gpuproof's own fault tests, issue #41 item 7). Returns its new pid once it reports
-        healthy."""
+        paused by a test: gpuproof's own fault tests, issue #41 item 7); with ``control_plane``, with those settings
+        (an inflight limit lowered, or put back). Returns its new pid once it reports healthy."""
         state = self.load_state()
         if state is None:
             raise ControlPlaneError("the embedded cluster is not running")
+        if control_plane is not None:
+            self._control_plane, state.control_plane = control_plane, control_plane.key()
         pid, exe = state.pids.get(comp), state.exes[comp]
         if pid and _alive(pid, exe):
             with contextlib.suppress(ProcessLookupError):
