@@ -248,3 +248,16 @@ def test_a_fleet_can_lower_the_embedded_api_servers_inflight_limit(tmp_path):
             "--max-mutating-requests-inflight=2"} <= set(args)
     sim._control_plane = ControlPlane()
     assert not [a for a in sim._args("kube-apiserver", {"kube-apiserver": "/x"}, 20000, None) if "inflight" in a]
+
+
+def test_the_clients_own_tls_error_is_no_answer_and_an_http_error_is_an_answer():
+    """The Kubernetes client turns a TLS error into ApiException(status=0): no answer, sent again; a status is an
+    answer, raised as it is."""
+    from kubernetes.client.exceptions import ApiException
+
+    send, calls = _sender([ApiException(status=0, reason="SSLError: handshake timed out"), "answer"])
+    assert _inflight(30)._send_within_deadline(send, "GET", "https://api/api/v1/nodes") == "answer"
+    send, calls = _sender([ApiException(status=404, reason="Not Found")])
+    with pytest.raises(ApiException):
+        _inflight(30)._send_within_deadline(send, "GET", "https://api/api/v1/nodes/x")
+    assert len(calls) == 1

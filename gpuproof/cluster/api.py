@@ -180,7 +180,9 @@ class InFlight:
             kwargs["_request_timeout"] = max(1.0, ends - time.monotonic())
             try:
                 return send(method, url, *args, **kwargs)
-            except (urllib3.exceptions.HTTPError, ConnectionError) as exc:       # no answer: refused, reset, silent
+            except (urllib3.exceptions.HTTPError, ConnectionError, ApiException) as exc:   # refused, reset, silent
+                if isinstance(exc, ApiException) and exc.status != 0:    # an answer (status 0: the client's TLS error)
+                    raise
                 why = f"{type(exc).__name__}: {one_line(_root_cause(exc), 200)}"
                 again = method in SAFE_AGAIN or (method == "PUT" and path.startswith(LEASES)) or _not_sent(exc)
                 if not again:
