@@ -12,13 +12,15 @@ node, the label or attribute, its value and the in-pod value (gpuproof.discovery
   upstream test warns too);
 - ``driver-version-in-pod``, ``cuda-driver-version-in-pod``: NVML in the pod agrees with every source.
 
-Nodes whose GPUs only DRA offers are probed with a one-GPU claim instead of the extended resource.
+Nodes whose GPUs only DRA offers are probed with a one-GPU claim instead of the extended resource. Every node's
+probe runs at once (the fan-out, gpuproof/plugin/fanout.py), at most ``--parallel`` pods in flight.
 """
 
 import pytest
 
 from gpuproof.discovery import dra, driver
 from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, probe_on
+from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "driver"
 CHECKS = {"driver": "driver-version-in-pod", "cuda": "cuda-driver-version-in-pod"}
@@ -31,22 +33,46 @@ def _resource(node) -> str | None:
     return next((f"nvidia.com/mig-{p}" for p in sorted(node.mig_resources)), None)
 
 
-def _claim_probe(run, target, node) -> dict:
-    """A probe pod on a DRA node with a one-GPU claim; its JSON result."""
+def _claim_probe(run, target, node, lane) -> dict:
+    """A probe pod on a DRA node with a one-GPU claim, in the fan-out's lane; its JSON result. The pod is gone, and
+    its claim deallocated, when this returns."""
     from gpuproof.bench import workloads
-    from gpuproof.bench.base import ensure_configmap
+    from gpuproof.bench.base import applied, ensure_configmap
+    from gpuproof.cluster.api import watch_until
     from gpuproof.plugin.bench_checks import image
 
     ensure_configmap(run)
-    run.apply(dra.claim_template("driver-probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    _, err = run.try_apply(dra.claim_template("driver-probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
+    if err is not None and getattr(err, "status", None) != 409:       # one template for every DRA node
+        raise err
     name = f"driver-probe-{node.name}"[:63]
-    manifest = workloads.workload_pod(name, "probe.py", labels=run.labels, namespace=run.namespace, gpus=0,
-                                      node=node.name, image=image(run))
+    manifest = workloads.workload_pod(name, "probe.py", labels={**run.labels, **lane.labels}, namespace=run.namespace,
+                                      gpus=0, node=node.name, image=image(run))
     manifest["spec"]["tolerations"] = TOLERATE_ALL     # gpus=0 adds no GPU toleration: the GPU comes by the claim
-    run.apply(dra.use_claims(manifest, template="driver-probe-one"))
-    run.wait_pod(name, lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeouts.pod_done,
-                 "to finish (image pull included)")
-    return workloads.pod_result(run, name, what=f"probe pod {name}")
+    with lane.pods(1), applied(run, [dra.use_claims(manifest, template="driver-probe-one")], lane=lane):
+        pod = lane.wait_done(name, target.timeouts.pod_done)
+        claims = [s.resource_claim_name for s in (pod.status.resource_claim_statuses or []) if s.resource_claim_name]
+        result = workloads.pod_result(run, name, what=f"probe pod {name}")
+    if claims:          # its claim goes with the pod: the node's device is free again for the next check
+        watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not set(claims) & set(c),
+                    target.timeouts.pod_done, f"claim {', '.join(claims)} of {name} to be deallocated and deleted",
+                    group=dra.GROUP, version=dra.VERSION, namespace=run.namespace, plural="resourceclaims")
+    return result
+
+
+def driver_probe(run, target, node, lane) -> dict:
+    """One node's probe, run by the fan-out beside the other nodes': granted a GPU by the extended resource, or by a
+    claim where only DRA offers the node's GPUs."""
+    if not any(driver.advertised(node, kind) for kind in CHECKS):
+        raise NodeSkip(CHECKS["driver"], f"{node.name} advertises no driver version")
+    resource = _resource(node)
+    if resource is not None:
+        result, = probe_on(run, target, node, 1, {resource: 1}, prefix="driver-probe", lane=lane)
+        return result
+    if node.dra:
+        return _claim_probe(run, target, node, lane)
+    raise NodeSkip(CHECKS["driver"], f"{node.name} offers no GPU a pod can be granted (no extended resource, no DRA "
+                   "device)")
 
 
 def judge(node, result: dict, check) -> None:
@@ -68,7 +94,7 @@ def judge(node, result: dict, check) -> None:
 @pytest.mark.creates("Pod", "driver-probe-{node}-0", requests="1 GPU (device plugin)", note="probe")
 @pytest.mark.creates("ResourceClaimTemplate", "driver-probe-one", note="DRA-only nodes")
 @pytest.mark.creates("Pod", "driver-probe-{node}", requests="a claim from driver-probe-one", note="DRA-only nodes")
-def test_pod_gets_the_advertised_driver(gpu_node, run, target, check, needs_real_gpus):
+def test_pod_gets_the_advertised_driver(gpu_node, run, target, check, needs_real_gpus, fanout, request):
     """GPU nodes GFD labels or NVIDIA's DRA driver describes"""
     n = gpu_node
     sources = {kind: driver.advertised(n, kind) for kind in CHECKS}
@@ -79,12 +105,9 @@ def test_pod_gets_the_advertised_driver(gpu_node, run, target, check, needs_real
         check.skip(CHECKS["driver"], f"{n.name} advertises no driver version")
     check.record("driver-version-advertised", "pass", expected="GFD cuda.* labels or DRA driverVersion",
                  actual="; ".join(f"{s.source}={s.value}" for kind in CHECKS for s in sources[kind]))
-    resource = _resource(n)
-    if resource is not None:
-        result, = probe_on(run, target, n, 1, {resource: 1}, prefix="driver-probe")
-    elif n.dra:
-        result = _claim_probe(run, target, n)
-    else:
-        check.skip(CHECKS["driver"], f"{n.name} offers no GPU a pod can be granted (no extended resource, no DRA "
-                   "device)")
+    try:
+        result = fanout.result(request.node, n, lambda node, lane: driver_probe(run, target, node, lane),
+                               name="driver probe")
+    except NodeSkip as skip:
+        check.skip(skip.check, skip.reason)
     judge(n, result, check)

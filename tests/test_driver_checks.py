@@ -121,6 +121,10 @@ def probe_result(**nvml) -> dict:
     return {"workload": "probe", "host": f"driver-probe-{NODE_40C}-0", "nvml": {"available": True, **IN_POD, **nvml}}
 
 
+# the fan-out's item side, its work run at once in the item's thread (no lane: probe_on is given below)
+FANOUT = SimpleNamespace(result=lambda item, node, work, name=None: work(node, None))
+
+
 def run_suite(tmp_path, monkeypatch, node, result):
     module = suite()
     asked = []
@@ -134,7 +138,8 @@ def run_suite(tmp_path, monkeypatch, node, result):
     checker = Checker(run_dir, module.FEATURE, known_nodes={node.name: node})
     try:
         module.test_pod_gets_the_advertised_driver(gpu_node=node, run=None, target=SimpleNamespace(cluster=None),
-                                                   check=checker, needs_real_gpus=None)
+                                                   check=checker, needs_real_gpus=None, fanout=FANOUT,
+                                                   request=SimpleNamespace(node=None))
     except pytest.skip.Exception:
         pass
     records = [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
