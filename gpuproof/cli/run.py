@@ -29,7 +29,8 @@ def register(sub) -> None:
                "  gpuproof run -k taints -- -x\n\n"
                "exit codes: 0 every check passed (or skipped, saying why); 1 a check failed;\n"
                "  2 bad input, or the run was interrupted (Ctrl-C, SIGTERM: what it created is deleted);\n"
-               "  75 the cluster stopped answering, or a node the run judges was deleted or went NotReady:\n"
+               "  75 the cluster stopped answering (nothing for --api-deadline seconds, or during the cleanup),\n"
+               "     or a node the run judges was deleted or went NotReady:\n"
                "     the run was cut short, its report holds what was judged and names what was lost (checks\n"
                "     cut by it are skipped as 'not judged'), `gpuproof clean` removes what it left;\n"
                "  70 a bug in gpuproof",

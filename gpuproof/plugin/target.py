@@ -47,7 +47,7 @@ class Target:
     def __init__(self, config: pytest.Config):
         self.config = config
         self.cut_short = ""          # what of the cluster cut the run short ('' while it answers)
-        self.api_gone = False        # the API server answered nothing for the API deadline: the run stopped
+        self.api_gone = False        # the API server taken as gone (nothing for the API deadline, or at cleanup)
         opt = config.getoption
         from .providers import choose
 
@@ -249,6 +249,7 @@ class Target:
             except Exception as exc:
                 if api_gone(exc):
                     self.cut_short = self.cut_short or "the API server stopped answering during the run's cleanup"
+                    self.api_gone = True        # what follows asks it nothing more (the inventory)
                 self.progress(f"cleanup of run {self.run_id} incomplete: {one_line(exc, 300)}. "
                               f"Run `gpuproof clean` to remove what is left.")
         if self.lease is not None:
