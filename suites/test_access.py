@@ -172,7 +172,7 @@ def _run(test: str, gpu_node, run, target, discovery, check, fanout, request) ->
     judge(test, gpu_node, outcome(test, gpu_node, run, target, discovery, fanout, request), check)
 
 
-@pytest.mark.places_pods
+# no places_pods mark: it would leave DRA-only nodes out (needs_real_gpus leaves out the nodes unfit for pods)
 @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
 @pytest.mark.creates("ResourceClaimTemplate", TEMPLATE, note="DRA-only nodes")
 class TestSecureAcceleratorAccess:

@@ -81,7 +81,7 @@ MIXED = Healthy(frozenset(_MIXED_PASS.split()), {
     "suites/test_health.py": REAL_GPUS, "suites/test_mig.py": REAL_GPUS, "suites/test_timeslicing.py": REAL_GPUS,
     "suites/test_topology.py": REAL_GPUS, "suites/test_stack.py": NO_KIND, "suites/test_plausibility.py": NO_KIND,
     "suites/test_census.py": REAL_GPUS, "suites/test_monitoring.py": either(REAL_GPUS, NO_EXPORTER),
-    "suites/test_driver.py": REAL_GPUS})
+    "suites/test_driver.py": REAL_GPUS, "suites/test_access.py": REAL_GPUS})
 
 # other people's pods on the GPU nodes (tests/test_concurrency.py): capacity checks may skip, saying why
 MIXED_UNDER_CHURN = Healthy(MIXED.must_pass - PLACEMENT, {
@@ -112,7 +112,8 @@ MANAGED = Healthy(frozenset("""
     "mig-placement": NO_MIXED_MIG, "suites/test_mig.py": either(NO_KIND, NO_MIXED_MIG, REAL_GPUS),
     "suites/test_health.py": REAL_GPUS, "suites/test_plausibility.py": NO_KIND, "suites/test_timeslicing.py": REAL_GPUS,
     "suites/test_topology.py": either(REAL_GPUS, NO_KIND), "suites/test_census.py": REAL_GPUS,
-    "suites/test_monitoring.py": either(REAL_GPUS, NO_EXPORTER), "suites/test_driver.py": either(REAL_GPUS, NO_KIND)})
+    "suites/test_monitoring.py": either(REAL_GPUS, NO_EXPORTER), "suites/test_driver.py": either(REAL_GPUS, NO_KIND),
+    "suites/test_access.py": either(REAL_GPUS, NO_KIND)})
 
 DRA_CHECKS = frozenset("""
     dra-deviceclass dra-deviceclass-selector dra-device-count dra-attributes dra-unique dra-claim-allocated

@@ -66,6 +66,7 @@ def test_what_a_container_reaches():
     assert access.seen(result([], nvml=False)).describe() == ("no GPU: no /dev/nvidia<N>; NVML unavailable (NVML "
                                                               "unavailable: NVML Shared Library Not Found)")
     assert access.allocated_by_plugin(GRANTED) == [GPU0]
+    assert access.allocated_by_plugin(result(env={"NVIDIA_VISIBLE_DEVICES": f"{GPU0}::2"})) == [GPU0]   # time-sliced
     assert access.allocated_by_plugin(result(env={"NVIDIA_VISIBLE_DEVICES": "0"})) is None       # an index
     assert access.allocated_by_plugin(result(env={"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"})) \
         is None

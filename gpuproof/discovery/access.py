@@ -67,7 +67,8 @@ def allocated_by_plugin(result: dict) -> list[str] | None:
     its Allocate answer sets (strategy envvar, device ids by UUID); None where it names them otherwise (indexes,
     CDI, volume mounts) or not at all."""
     value = ((result.get("env") or {}).get("NVIDIA_VISIBLE_DEVICES") or "").strip()
-    ids = [v.strip() for v in value.split(",") if v.strip()]
+    # a time-sliced GPU's replica is named <uuid>::<n> by the plugin: the GPU is the UUID
+    ids = list(dict.fromkeys(v.strip().split("::")[0] for v in value.split(",") if v.strip()))
     return ids if ids and all(UUID.match(i) for i in ids) else None
 
 
