@@ -203,24 +203,33 @@ def test_a_pod_watch_broken_by_the_api_server_ends_its_waits_as_cut_never_as_tim
 @pytest.mark.server  # tier: pytest as a process, with gpuproof's plugin
 def test_an_api_server_gone_for_the_api_deadline_stops_the_run_and_a_broken_stream_is_not_judged(tmp_path):
     """ApiGone (no answer for the API deadline): the check is not judged and the session stops there, the checks to
-    come not run. A watch stream the API server broke off (a raw urllib3 error) is not judged either."""
+    come not run. A watch stream the API server broke off (a raw urllib3 error in the Kubernetes client) is not judged
+    either; a connection refused by another server a check talks to still fails it."""
     import subprocess
     import sys
 
     (tmp_path / "test_gone.py").write_text(
         "import urllib3\n"
+        "from kubernetes import watch\n"
         "from gpuproof.errors import ApiGone\n\n\n"
-        "def test_stream():\n"
+        "def list_pods(**kwargs):\n"
+        "    \"\"\":return: V1PodList\"\"\"\n"
         "    raise urllib3.exceptions.ProtocolError('Response ended prematurely')\n\n\n"
+        "def test_stream():\n"
+        "    for _ in watch.Watch().stream(list_pods):\n"
+        "        pass\n\n\n"
+        "def test_other_server():\n"
+        "    raise ConnectionRefusedError(111, 'the Prometheus of the check refused')\n\n\n"
         "def test_gone():\n"
         "    raise ApiGone('the API server did not answer GET /api/v1/nodes for 8s (the API deadline, x)')\n\n\n"
         "def test_after():\n"
         "    pass\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "test_gone.py", "-q", "-rs", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "test_gone.py", "-q", "-rfs", "-p", "no:cacheprovider",
                            f"--rootdir={tmp_path}", f"--junitxml={tmp_path / 'junit.xml'}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     out = proc.stdout
-    assert proc.returncode == 2 and "2 skipped" in out and "passed" not in out and "failed" not in out, out[-3000:]
+    assert proc.returncode == 2 and "1 failed, 2 skipped" in out and "passed" not in out, out[-3000:]
+    assert "FAILED test_gone.py::test_other_server - ConnectionRefusedError" in out, out   # another server: a verdict
     assert "not judged: the API server stopped answering (ProtocolError: Response ended prematurely)" in out, out
     assert "not judged: the API server did not answer GET /api/v1/nodes for 8s" in out, out
     assert "Interrupted: the API server stopped answering: the API server did not answer GET" in out, out

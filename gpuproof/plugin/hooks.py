@@ -207,6 +207,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         raise pytest.skip.Exception(f"not judged: {why}", _use_item_location=True)
 
 
+def _from_the_api(call: pytest.CallInfo) -> bool:
+    """A connection error raised in the Kubernetes client (a watch's stream broken off by the API server), not one of
+    another server a check talks to (Prometheus, an inference server), whose failure is the check's verdict."""
+    return any(f"{os.sep}kubernetes{os.sep}" in str(entry.path) for entry in call.excinfo.traceback)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A check cut by an API server that stopped answering is not judged: its report is a skip naming the wait. So is
@@ -217,20 +223,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         _not_judged_record(item, call.excinfo.value.node, call.excinfo.value.reason)
         report.outcome = "skipped"
         report.longrepr = (*where, f"not judged: {call.excinfo.value}")
-    elif report.failed and call.excinfo is not None and call.excinfo.errisinstance(
-            (ApiUnreachable, urllib3.exceptions.HTTPError, ConnectionError)):
+    elif report.failed and call.excinfo is not None and (call.excinfo.errisinstance(ApiUnreachable) or (
+            call.excinfo.errisinstance((urllib3.exceptions.HTTPError, ConnectionError)) and _from_the_api(call))):
         # what the check observed was cut by the API server (issue #41 item 3): no verdict, a record saying why
         t = get_target(item.config)
         why = one_line(call.excinfo.value, 400)
         if not call.excinfo.errisinstance(ApiUnreachable):        # a raw no-answer (a watch's stream broken off)
             why = f"the API server stopped answering ({type(call.excinfo.value).__name__}: {why})"
         t.cut_short = t.cut_short or f"the API server stopped answering during {item.nodeid}"
-        if call.excinfo.errisinstance(ApiGone):
+        if call.excinfo.errisinstance(ApiGone) and not t.api_gone:
             # gone for the API deadline: the run stops here, as one cut short (the checks to come are not run)
             t.cut_short, t.api_gone = f"{why}, during {item.nodeid}; the run stopped there", True
             item.session.shouldstop = f"the API server stopped answering: {why}"
-        nodes = item_nodes(item)
-        _not_judged_record(item, nodes[0] if nodes else "cluster", why, always=True)
+        if report.when != "teardown":           # the test's own cleanup cut too: its check has its record already
+            nodes = item_nodes(item)
+            _not_judged_record(item, nodes[0] if nodes else "cluster", why, always=True)
         report.outcome = "skipped"
         report.longrepr = (*where, f"not judged: {why}")
     elif report.when == "call" and not report.skipped:
