@@ -270,3 +270,15 @@ def test_the_clients_own_tls_error_is_no_answer_and_an_http_error_is_an_answer()
     with pytest.raises(ApiException):
         _inflight(30)._send_within_deadline(send, "GET", "https://api/api/v1/nodes/x")
     assert len(calls) == 1
+
+
+def test_a_create_left_unanswered_for_the_whole_api_deadline_means_the_api_server_is_gone():
+    """A frozen API server: the create's one try waits the whole deadline, and that is no answer for the deadline."""
+    from gpuproof.errors import ApiGone
+
+    def frozen(method, url, *args, **kwargs):
+        time.sleep(kwargs["_request_timeout"])          # the socket's read timeout, as a frozen API server leaves it
+        raise urllib3.exceptions.MaxRetryError(None, url, urllib3.exceptions.ReadTimeoutError(None, url, "timed out"))
+
+    with pytest.raises(ApiGone, match=r"^the API server did not answer POST /api/v1/namespaces/x/pods for 1s"):
+        _inflight(1)._send_within_deadline(frozen, "POST", "https://api/api/v1/namespaces/x/pods")

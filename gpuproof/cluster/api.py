@@ -185,10 +185,11 @@ class InFlight:
                     raise
                 why = f"{type(exc).__name__}: {one_line(_root_cause(exc), 200)}"
                 again = method in SAFE_AGAIN or (method == "PUT" and path.startswith(LEASES)) or _not_sent(exc)
-                if not again:
+                silent = time.monotonic() >= ends - 0.05         # it waited the whole deadline for this answer
+                if not again and not silent:
                     raise ApiUnreachable(f"the API server broke off {method} {path} before answering ({why}); not "
                                          "sent again, as it may have been done") from None
-                if time.monotonic() + delay >= ends:
+                if silent or time.monotonic() + delay >= ends:
                     raise ApiGone(f"the API server did not answer {method} {path} for {time.monotonic() - t0:.0f}s "
                                   f"(the API deadline, --api-deadline {self.deadline:g}; {why})") from None
                 # the API server is down or restarting: nothing to watch; back off, within the deadline
