@@ -59,6 +59,22 @@ def register(sub) -> None:
     b.add_argument("--force", action="store_true", help="rebuild into the cache even if binaries exist")
     b.set_defaults(func=_build)
 
+    bd = s.add_parser("bundle", help="write everything the embedded cluster needs but Python into one file",
+                      description="Write one file with what the embedded cluster runs that is not Python: the control "
+                                  "plane and kubelet nodes' Kubernetes programs (one multi-call executable), kwok, "
+                                  "NFD, CoreDNS, containerd 1.7, NVIDIA's device plugin, GFD, DRA driver and mock "
+                                  "NVML, the pause image. Built first where missing (that needs Go). Install it "
+                                  "where there is no Go with `gpuproof sim install FILE` (or GPUPROOF_BUNDLE=FILE).")
+    bd.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write (.tar.xz)")
+    bd.set_defaults(func=_bundle)
+
+    ins = s.add_parser("install", help="install a bundle into the build cache (no Go needed after)",
+                       description="Unpack a bundle made by `gpuproof sim bundle` into gpuproof's build cache "
+                                   "($GPUPROOF_CACHE, default ~/.cache/gpuproof), where `gpuproof sim up` and "
+                                   "`gpuproof run` find every piece without Go or a network.")
+    ins.add_argument("bundle", metavar="FILE", help="the bundle")
+    ins.set_defaults(func=_install)
+
     f = s.add_parser("fleets", help="list the shipped fleets, or validate a fleet file",
                      description="Without --check, list shipped fleets. With --check FILE, validate it and "
                                  "print its pools.")
@@ -143,6 +159,32 @@ def _build(args) -> int:
 
     sw = nvidia.build(progress=progress, force=True) if args.force else nvidia.locate(progress=progress)
     print(f"NVIDIA's node software (mock NVML, device plugin, GFD, DRA driver): {sw.root}")
+    return 0
+
+
+def _bundle(args) -> int:
+    from ..sim import bundle
+
+    m = bundle.make(args.output, progress=progress)
+    mib = m["size"] / 2**20
+    progress(f"bundle {args.output}: {mib:.1f} MiB ({m['raw'] / 2**20:.0f} MiB unpacked, "
+             f"{sum(len(p['files']) for p in m['pieces'])} files) in {m['seconds']:.0f}s"
+             + (f"; over the {bundle.LIMIT_MIB} MiB it should fit in" if mib > bundle.LIMIT_MIB else ""))
+    for p in m["pieces"]:
+        print(f"  {p['what']:<62} {sum(f['size'] for f in p['files'].values()) / 2**20:7.1f} MiB  {p['folder']}")
+    return 0
+
+
+def _install(args) -> int:
+    from ..sim import bundle, kubelet
+
+    bundle.install(args.bundle, progress=progress)
+    missing = bundle.check(args.bundle)
+    if missing:
+        raise GpuproofError(f"{args.bundle}: installed, but the cache lacks {', '.join(missing)}")
+    why = kubelet.missing()
+    if why:
+        progress(f"the control plane and kwok nodes are ready to start; for kubelet nodes this host lacks: {why}")
     return 0
 
 

@@ -4,7 +4,9 @@ Each binary is looked up, in order, in:
 
 1. an environment variable naming it (``GPUPROOF_KUBE_APISERVER=/path/kube-apiserver``, ...),
 2. ``$GPUPROOF_BIN_DIR``, then ``$KUBEBUILDER_ASSETS`` (the envtest convention),
-3. gpuproof's build cache (``$GPUPROOF_CACHE``, default ``~/.cache/gpuproof``),
+3. gpuproof's build cache (``$GPUPROOF_CACHE``, default ``~/.cache/gpuproof``), which a bundle made by
+   ``gpuproof sim bundle`` fills too (``gpuproof sim install FILE``, or ``$GPUPROOF_BUNDLE``: installed before
+   the first lookup; :mod:`gpuproof.sim.bundle`),
 4. ``PATH``.
 
 Whatever is still missing is built with Go from the modules in ``controlplane/``, which pin
@@ -147,6 +149,7 @@ def _is_exe(p: Path) -> bool:
 
 def locate(build_missing: bool = True, progress: Progress | None = None) -> Binaries:
     """Find every binary; build the missing ones when allowed. Raises ControlPlaneError."""
+    from_bundle(progress)
     found: dict[str, Path] = {}
     sources: dict[str, str] = {}
     dirs = [(os.environ.get("GPUPROOF_BIN_DIR"), "$GPUPROOF_BIN_DIR"),
@@ -180,6 +183,14 @@ def locate(build_missing: bool = True, progress: Progress | None = None) -> Bina
     return Binaries(found, sources)
 
 
+def from_bundle(progress: Progress | None = None) -> None:
+    """Install ``$GPUPROOF_BUNDLE`` into the cache once, before the first lookup (:mod:`gpuproof.sim.bundle`)."""
+    if os.environ.get("GPUPROOF_BUNDLE"):
+        from . import bundle
+
+        bundle.from_env(progress or _quiet)
+
+
 # ---------------------------------------------------------------------------- build
 
 
@@ -191,7 +202,8 @@ def _go(missing: list[str]) -> str:
             f"(missing: {', '.join(missing)}); get them one of three ways: install Go 1.25 or newer "
             f"(https://go.dev/dl) and gpuproof builds them once from its pinned modules, or set "
             f"GPUPROOF_BIN_DIR to a folder holding them, or KUBEBUILDER_ASSETS to envtest's (one variable per "
-            f"binary, such as GPUPROOF_KUBE_APISERVER=/path, works too)")
+            f"binary, such as GPUPROOF_KUBE_APISERVER=/path, works too); or install a bundle made by `gpuproof sim "
+            f"bundle` where Go is (`gpuproof sim install FILE`, or GPUPROOF_BUNDLE=FILE)")
     return go
 
 
@@ -217,9 +229,12 @@ def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict
     (:func:`module_cache` of the ldflags and env), unless they are there; returns the folder.
     Safe against concurrent calls: a second builder waits for the first, then finds the binaries."""
     progress = progress or _quiet
-    go = go or _go(list(packages))
     env = env or {}
+    from_bundle(progress)
     out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())))
+    if not force and all(_is_exe(out / n) for n in packages):
+        return out                          # built before, or installed from a bundle: no Go needed
+    go = go or _go(list(packages))
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -137,6 +137,7 @@ def cache_dir() -> Path:
 
 def locate(build_missing: bool = True, progress: Progress | None = None) -> NodeSoftware:
     """NVIDIA's node software, built first if it is not in the cache. Raises ControlPlaneError."""
+    _binaries.from_bundle(progress)
     override = os.environ.get("GPUPROOF_NVIDIA_DIR")
     if override:
         sw = NodeSoftware(Path(override))
@@ -164,7 +165,8 @@ def _require_tools() -> str:
             "the embedded cluster's GPU nodes are labelled and advertised by NVIDIA's own GFD, device plugin and DRA "
             f"driver over NVIDIA's mock NVML, which gpuproof builds from source; this machine lacks "
             f"{' and '.join(missing)}. Install them (Debian: apt-get install golang gcc make), or point "
-            "$GPUPROOF_NVIDIA_DIR at a finished build. Pools without GPUs need none of it.")
+            "$GPUPROOF_NVIDIA_DIR at a finished build, or install a bundle made by `gpuproof sim bundle` where they "
+            "are (`gpuproof sim install FILE`). Pools without GPUs need none of it.")
     return go  # type: ignore[return-value]
 
 

@@ -1,0 +1,77 @@
+// Command gpuproof-kube is one executable for the Kubernetes components of gpuproof's embedded cluster, as
+// hyperkube (Kubernetes up to 1.17) and k3s are: etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler, kubelet and kube-proxy, each exactly the upstream command (the same constructors the
+// upstream main packages call, from the versions pinned in go.mod, which are controlplane/kube's), sharing
+// the packages they have in common once. gpuproof's bundle (gpuproof/sim/bundle.py) ships it, so that a
+// machine without Go runs the embedded cluster.
+//
+// It runs the component its name says (argv[0], as a hard link named after the component), or the one
+// its first argument names: `gpuproof-kube kube-apiserver --help`.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	_ "time/tzdata" // for timeZone support in CronJob (kube-apiserver, kube-controller-manager)
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/server/v3/etcdmain"
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"          // for JSON log format registration
+	_ "k8s.io/component-base/metrics/prometheus/clientgo" // load all the prometheus client-go plugins
+	_ "k8s.io/component-base/metrics/prometheus/version"  // for version metric registration
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
+)
+
+func kube(command func() *cobra.Command) func([]string) int {
+	return func(args []string) int {
+		cmd := command()
+		cmd.SetArgs(args[1:])
+		return cli.Run(cmd)
+	}
+}
+
+var components = map[string]func([]string) int{
+	"etcd": func(args []string) int {
+		etcdmain.Main(args)
+		return 0
+	},
+	"kube-apiserver":          kube(apiserver.NewAPIServerCommand),
+	"kube-controller-manager": kube(controllermanager.NewControllerManagerCommand),
+	"kube-scheduler": kube(func() *cobra.Command {
+		return scheduler.NewSchedulerCommand()
+	}),
+	"kubelet": kube(func() *cobra.Command {
+		return kubelet.NewKubeletCommand(context.Background())
+	}),
+	"kube-proxy": kube(proxy.NewProxyCommand),
+}
+
+func main() {
+	args := os.Args
+	run, ok := components[filepath.Base(args[0])]
+	if !ok && len(args) > 1 {
+		run, ok = components[args[1]]
+		args = args[1:]
+	}
+	if !ok {
+		names := make([]string, 0, len(components))
+		for n := range components {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(os.Stderr, "gpuproof-kube: run as (or with the first argument) one of: %s\n",
+			strings.Join(names, ", "))
+		os.Exit(2)
+	}
+	os.Exit(run(args))
+}

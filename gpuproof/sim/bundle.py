@@ -1,0 +1,307 @@
+"""Everything the embedded cluster needs that is not Python, in one file (issue #42).
+
+``gpuproof sim bundle -o FILE`` writes it; ``gpuproof sim install FILE`` (or ``GPUPROOF_BUNDLE=FILE``, installed
+on first use) unpacks it into gpuproof's build cache, into the very folders a build from source fills
+(:func:`gpuproof.sim.binaries.module_cache`, :func:`gpuproof.sim.nvidia.cache_dir`,
+:func:`gpuproof.sim.images.images_dir`), so every lookup finds its piece there and neither Go nor a network is
+needed: ``gpuproof sim up`` and ``gpuproof run`` then start as on the machine that built it.
+
+What it holds (:data:`PIECES`): the control plane and the kubelet nodes' Kubernetes programs as one multi-call
+executable (``controlplane/bundle``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+kube-proxy share their packages once; installed as hard links under each name), kwok, NFD's nfd-master and its
+CRDs, CoreDNS and Kubernetes' addon manifest for it, containerd 1.7 and its runc shim with NVIDIA's
+nvidia-cdi-hook (DRA nodes), NVIDIA's device plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles,
+``dprelay`` and ``nvml-mock-ctl``, and the pause image (which needs a static C compiler). The other images are
+made from these programs on first use, as after a build. The host still provides what kubelet nodes run beside
+them (:func:`gpuproof.sim.kubelet.missing` says what is missing in one line): root, cgroup v1, containerd with
+runc and ``ctr`` for nodes without DRA, the CNI plugins, iptables, ip, nsenter and unshare.
+
+The file is a tar compressed as one xz stream (x86 branch filter, LZMA2 preset 9e, a dictionary as large as the
+biggest program, so the programs' common bytes are stored once), readable with ``tar xJf``. A manifest
+(``gpuproof-bundle.json``) names each file's place in the cache and its digest; a bundle made by another
+gpuproof (other pinned sources, so other cache folders) is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import lzma
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..errors import ControlPlaneError
+from . import binaries as _binaries
+
+Progress = Callable[[str], None]
+MANIFEST = "gpuproof-bundle.json"
+FORMAT = 1
+LIMIT_MIB = 56                  # the bundle and the repository fit in 64 MiB (issue #42)
+ENV = "GPUPROOF_BUNDLE"
+MULTICALL = ("bundle", "gpuproof-kube", "./cmd/gpuproof-kube")     # module, executable, package
+KUBE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+
+
+def _quiet(msg: str) -> None:
+    pass
+
+
+@dataclasses.dataclass
+class Piece:
+    """Files of one cache folder: ``files`` (name in the folder -> where they come from on this machine)."""
+
+    what: str
+    folder: Path                        # in the cache, as this gpuproof computes it
+    files: dict[str, Path]
+    links: dict[str, str] = dataclasses.field(default_factory=dict)    # hard links in the folder: name -> file
+
+    def rel(self) -> str:
+        return self.folder.relative_to(_binaries.cache_root()).as_posix()
+
+
+def _module_folder(module: str, ldflags: str, env: dict[str, str] | None = None) -> Path:
+    return _binaries.module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted((env or {}).items())))
+
+
+def folders() -> dict[str, Path]:
+    """Where each piece lives in the cache of this gpuproof (what the lookups compute)."""
+    from . import clusternet, kubelet, kubelet_dra, nvidia
+
+    return {
+        "kube": _module_folder("kube", _binaries.LDFLAGS["kube"]),
+        "kwok": _module_folder("kwok", _binaries.LDFLAGS["kwok"]),
+        "nfd": _module_folder(kubelet.NFD[0], kubelet.NFD_LDFLAGS),
+        "coredns": _module_folder(clusternet.COREDNS[0], "-s -w", clusternet.COREDNS_ENV),
+        "containerd": _module_folder(kubelet_dra.CONTAINERD[0], kubelet_dra.CONTAINERD_LDFLAGS,
+                                     kubelet_dra.CONTAINERD_ENV),
+        "cdihook": _module_folder(kubelet_dra.CDI_HOOK[0], f"-s -w -X {kubelet_dra.CDI_HOOK[1]}/internal/info.version="
+                                                            f"{kubelet_dra.TOOLKIT_VERSION}"),
+        "nvidia": nvidia.cache_dir(),
+        "images": _binaries.cache_root() / "images",
+    }
+
+
+# ---------------------------------------------------------------------------- make
+
+
+def multicall(progress: Progress = _quiet) -> Path:
+    """The multi-call executable of the Kubernetes components (built from ``controlplane/bundle`` on first use)."""
+    module, name, package = MULTICALL
+    return _binaries.go_build(module, {name: package}, ldflags=_binaries.LDFLAGS["kube"], progress=progress) / name
+
+
+def gather(progress: Progress = _quiet) -> list[Piece]:
+    """Every piece, built first where this machine has not built it yet (that needs Go)."""
+    from . import clusternet, images, kubelet, kubelet_dra, nvidia
+
+    where = folders()
+    kube = multicall(progress)
+    proxy = clusternet.kube_proxy_binary(progress)           # built beside the others: the addon manifest's folder
+    clusternet.addon_manifest()
+    nfd = kubelet.nfd_master(progress)
+    coredns = clusternet.coredns_binary(progress)
+    containerd = kubelet_dra.containerd(progress)
+    hook = kubelet_dra.cdi_hook(progress)
+    sw = nvidia.locate(progress=progress)
+    kwok = _binaries.locate(progress=progress)["kwok"]
+    pause, _ = images.pause_image()
+    del proxy
+    nv = {f"bin/{b}": sw.exe(b) for b in nvidia.BINARIES}
+    nv.update({f"lib/{p.name}": p for p in sw.lib.iterdir() if not p.is_symlink()})
+    nv.update({f"profiles/{p.name}": p for p in sorted(sw.profiles.glob("*.yaml"))})
+    nv.update({f"chart/{t}": sw.chart / t for t in nvidia.DEVICE_CLASS_TEMPLATES})
+    name = MULTICALL[1]
+    return [
+        Piece("Kubernetes v1.35.4 and etcd v3.6.5 (one multi-call executable)", where["kube"],
+              {name: kube, "coredns.yaml.base": where["kube"] / "coredns.yaml.base"},
+              {n: name for n in KUBE_NAMES}),
+        Piece("kwok", where["kwok"], {"kwok": kwok}),
+        Piece("NFD's nfd-master", where["nfd"], {"nfd-master": nfd / "nfd-master",
+                                                 "nfd-api-crds.yaml": nfd / Path(kubelet.NFD_CRDS).name}),
+        Piece("CoreDNS", where["coredns"], {"coredns": coredns}),
+        Piece("containerd 1.7 (DRA nodes)", where["containerd"],
+              {b: containerd / b for b in kubelet_dra.CONTAINERD_BINARIES}),
+        Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook}),
+        Piece("NVIDIA's node software", where["nvidia"], nv,
+              {f"lib/{p.name}": os.readlink(p) for p in sw.lib.iterdir() if p.is_symlink()}),
+        Piece("the pause image", where["images"], {pause.name: pause}),
+    ]
+
+
+def _filters(dict_size: int) -> list[dict]:
+    return [{"id": lzma.FILTER_X86},
+            {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME,
+             "dict_size": max(1 << 24, min(dict_size, 1 << 30))}]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make(out: Path, progress: Progress = _quiet) -> dict:
+    """Write the bundle to ``out``; returns its manifest (with ``size`` and ``seconds``)."""
+    t0 = time.monotonic()
+    pieces = gather(progress)
+    root = _binaries.cache_root()
+    entries, manifest_pieces = [], []
+    for p in pieces:
+        files = {}
+        for name, src in p.files.items():
+            if not src.is_file():
+                raise ControlPlaneError(f"cannot bundle {p.what}: {src} is missing")
+            files[name] = {"sha256": _sha256(src), "size": src.stat().st_size}
+            entries.append((f"{p.rel()}/{name}", src))
+        manifest_pieces.append({"what": p.what, "folder": p.rel(), "files": files, "links": p.links})
+    manifest = {"format": FORMAT, "gpuproof": __version__, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "pieces": manifest_pieces}
+    biggest = max(src.stat().st_size for _, src in entries)
+    raw = sum(src.stat().st_size for _, src in entries)
+    progress(f"compressing {len(entries)} files ({raw / 2**20:.0f} MiB) into {out} (xz -9e, x86 filter; "
+             f"several minutes on 2 cores)")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=_filters(biggest)) as xz, \
+                tarfile.open(fileobj=xz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            data = json.dumps(manifest, indent=1).encode()
+            _add(tar, MANIFEST, io.BytesIO(data), len(data), 0o644)
+            for arc, src in entries:
+                with open(src, "rb") as f:
+                    _add(tar, arc, f, src.stat().st_size, 0o755 if os.access(src, os.X_OK) else 0o644)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    del root
+    manifest.update(size=out.stat().st_size, raw=raw, seconds=round(time.monotonic() - t0, 1))
+    return manifest
+
+
+def _add(tar: tarfile.TarFile, name: str, f, size: int, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime, info.uname, info.gname = size, mode, 0, "root", "root"
+    tar.addfile(info, f)
+
+
+# ---------------------------------------------------------------------------- install
+
+
+def _read_manifest(tar: tarfile.TarFile, path: Path, first: tarfile.TarInfo | None = None) -> dict:
+    first = first or tar.next()
+    if first is None or first.name != MANIFEST:
+        raise ControlPlaneError(f"{path} is not a gpuproof bundle (it does not start with {MANIFEST})")
+    f = tar.extractfile(first)
+    manifest = json.loads(f.read()) if f else {}
+    if manifest.get("format") != FORMAT:
+        raise ControlPlaneError(f"{path} is a gpuproof bundle of format {manifest.get('format')}, this gpuproof "
+                                f"reads format {FORMAT}: make one with `gpuproof sim bundle` of this version")
+    return manifest
+
+
+def _expected(manifest: dict, path: Path) -> None:
+    """Refuse a bundle whose cache folders are not this gpuproof's (other pinned sources or build settings)."""
+    mine = {p.relative_to(_binaries.cache_root()).as_posix() for p in folders().values()}
+    other = [p["folder"] for p in manifest["pieces"] if p["folder"] not in mine]
+    if other:
+        raise ControlPlaneError(
+            f"{path} was made by another gpuproof ({manifest.get('gpuproof')}, made {manifest.get('made')}): its "
+            f"{', '.join(other)} are not what this gpuproof's pinned sources build ({', '.join(sorted(mine))}); make "
+            f"one with `gpuproof sim bundle` of this version")
+
+
+def installed(path: Path) -> bool:
+    """Whether the bundle at ``path`` is installed in the cache (a stamp of its name, size and time)."""
+    return _stamp(path).exists()
+
+
+def _stamp(path: Path) -> Path:
+    st = Path(path).stat()
+    key = hashlib.sha256(f"{Path(path).resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return _binaries.cache_root() / "bundle" / f"installed-{key}.json"
+
+
+def install(path: Path, progress: Progress = _quiet) -> dict:
+    """Unpack the bundle into the cache; returns its manifest with ``seconds`` (the time it took). Files already
+    in place with the same digest are kept; the others are replaced. Raises ControlPlaneError in one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ControlPlaneError(f"no gpuproof bundle at {path} (make one with `gpuproof sim bundle -o FILE`)")
+    t0 = time.monotonic()
+    root = _binaries.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".bundle-", dir=root))
+    try:
+        try:
+            manifest: dict = {}
+            with tarfile.open(path, mode="r|xz") as tar:         # a stream: read once, from its start
+                for member in tar:
+                    if not manifest:
+                        manifest = _read_manifest(tar, path, member)
+                        _expected(manifest, path)
+                    else:
+                        tar.extract(member, staging, filter="data")
+            if not manifest:
+                raise ControlPlaneError(f"{path} is not a gpuproof bundle (it is empty)")
+        except (tarfile.TarError, lzma.LZMAError, EOFError, ValueError, OSError) as exc:
+            if isinstance(exc, ControlPlaneError):
+                raise
+            raise ControlPlaneError(f"{path}: cannot unpack this gpuproof bundle ({exc}); is it complete?") from None
+        for piece in manifest["pieces"]:                      # all of it is whole before any of it is moved
+            for name, meta in piece["files"].items():
+                got = staging / piece["folder"] / name
+                if not got.is_file() or _sha256(got) != meta["sha256"]:
+                    raise ControlPlaneError(f"{path}: {piece['folder']}/{name} is missing or damaged in the bundle")
+        for piece in manifest["pieces"]:
+            src, dest = staging / piece["folder"], root / piece["folder"]
+            for name in piece["files"]:
+                (dest / name).parent.mkdir(parents=True, exist_ok=True)
+                (src / name).replace(dest / name)
+            for name, target in piece.get("links", {}).items():
+                link = dest / name
+                tmp = link.with_name(f".{link.name}.{os.getpid()}")
+                tmp.unlink(missing_ok=True)
+                if target in piece["files"]:                  # the multi-call executable under a component's name
+                    os.link(dest / target, tmp)
+                else:                                          # a library's version link
+                    tmp.symlink_to(target)
+                tmp.replace(link)
+        stamp = _stamp(path)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(json.dumps({"bundle": str(path.resolve()), "made": manifest.get("made")}))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    manifest["seconds"] = round(time.monotonic() - t0, 1)
+    progress(f"installed {path} ({path.stat().st_size / 2**20:.1f} MiB) into {root} in {manifest['seconds']}s")
+    return manifest
+
+
+def from_env(progress: Progress = _quiet) -> None:
+    """Install ``$GPUPROOF_BUNDLE`` once (a no-op when unset or already installed): the lookups call it first."""
+    path = os.environ.get(ENV)
+    if not path:
+        return
+    if not Path(path).is_file():
+        raise ControlPlaneError(f"${ENV}={path}: no such file (a bundle made by `gpuproof sim bundle -o FILE`)")
+    if not installed(Path(path)):
+        install(Path(path), progress)
+
+
+def check(path: Path) -> list[str]:
+    """The cache files the installed bundle at ``path`` should have put there but that are missing (names)."""
+    with tarfile.open(path, mode="r|xz") as tar:
+        manifest = _read_manifest(tar, path)
+    root = _binaries.cache_root()
+    return [f"{p['folder']}/{n}" for p in manifest["pieces"] for n in [*p["files"], *p.get("links", {})]
+            if not (root / p["folder"] / n).exists()]
