@@ -11,8 +11,9 @@ def pytest_addoption(parser):
              "default 3600")
     parser.getgroup("gpuproof").addoption(
         "--prometheus", default=None, metavar="URL",
-        help="a Prometheus that scrapes the DCGM exporter (e.g. kube-prometheus-stack's, port-forwarded or through "
-             "its ingress): the monitoring suite checks each GPU's series reach it with the workload's pod label")
+        help="a Prometheus that scrapes the DCGM exporter: the monitoring suite checks each GPU's series reach it "
+             "with the workload's pod label (default: the cluster's own, found among its Services, e.g. "
+             "kube-prometheus-stack's, and read through the API server's service proxy)")
     parser.getgroup("gpuproof").addoption(
         "--prometheus-selector", default="", metavar="LABELS",
         help='extra label matchers for the monitoring suite\'s Prometheus queries, e.g. \'job="dcgm-exporter"\'')

@@ -40,15 +40,13 @@ output with ``python -m http.server`` (tests/test_monitoring_kubelet.py).
 
 import contextlib
 import dataclasses
-import json
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from gpuproof.cluster import prometheus as prom
 from gpuproof.discovery import monitoring
 
 FEATURE = "monitoring"
@@ -214,25 +212,34 @@ UTILIZATION_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM
                      "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")
 
 
-def prometheus_series(url: str, uuids: list, selector: str = "", timeout: float = READ_TIMEOUT_S) -> list:
+def prometheus_of(request, cluster) -> prom.Prometheus | None:
+    """The Prometheus the run reads: ``--prometheus URL``, else the one found among the cluster's Services (read
+    through the API server's service proxy), else None."""
+    url = request.config.getoption("prometheus", None)
+    if url:
+        return prom.Prometheus(url=url)
+    found = prom.find(cluster)
+    return prom.Prometheus(cluster=cluster, service=found) if found else None
+
+
+NO_PROMETHEUS = ("no Prometheus named (--prometheus URL) and none found in the cluster (kube-prometheus-stack's, "
+                 "kube-prometheus' prometheus-k8s, the operator's prometheus-operated, prometheus-server)")
+
+
+def prometheus_series(server: prom.Prometheus, uuids: list, selector: str = "") -> list:
     """The utilization series Prometheus holds for these GPUs (by UUID: unique across the cluster, whichever host
     label spelling the exporter used), as dcgm_series samples."""
     matchers = [f'__name__=~"{"|".join(UTILIZATION_NAMES)}"', f'UUID=~"{"|".join(sorted(uuids))}"']
     if selector.strip():
         matchers.append(selector.strip())
-    query = urllib.parse.urlencode({"query": "{" + ",".join(matchers) + "}"})
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/query?{query}", timeout=timeout) as r:
-        answer = json.load(r)
-    if answer.get("status") != "success":
-        raise OSError(f"Prometheus answered {answer.get('errorType')}: {answer.get('error')}")
-    return monitoring.samples_from_query(answer["data"]["result"])
+    return monitoring.samples_from_query(server.api("query", query="{" + ",".join(matchers) + "}")["result"])
 
 
 def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node, target, exporters, request, check):
     """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
-    url = request.config.getoption("prometheus", None)
-    if not url:
-        pytest.skip("no Prometheus named: --prometheus URL checks that the exporter's series reach it")
+    server = prometheus_of(request, target.cluster)
+    if server is None:
+        pytest.skip(f"{NO_PROMETHEUS}: nothing to check the exporter's series reach")
     node = gpu_node
     mine = [e for e in exporters.on_node.get(node.name, []) if ready(e.pod)]
     if not mine:
@@ -246,14 +253,14 @@ def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node,
             return read
         try:
             uuids = sorted(set(monitoring.attributed(read["text"])) | set(monitoring.published(read["text"])))
-            return {**read, "stored": prometheus_series(url, uuids, selector) if uuids else []}
+            return {**read, "stored": prometheus_series(server, uuids, selector) if uuids else []}
         except (OSError, ValueError) as exc:
             return {**read, "prometheus_error": f"{type(exc).__name__}: {exc}"}
 
     result = fan_out(request).result(request.node, node, work, name="monitoring-prometheus")
     if "text" not in result:
         check.skip("prometheus-gpu-series", f"the exporter's /metrics could not be read: {result.get('error')}")
-    if not check.true("prometheus-gpu-series", "stored" in result, f"an answer from {url}",
+    if not check.true("prometheus-gpu-series", "stored" in result, f"an answer from {server}",
                       result.get("prometheus_error", ""), what="Prometheus' query API"):
         return
     for f in monitoring.judge_prometheus(node.name, result["text"], result["stored"]):
@@ -476,28 +483,19 @@ def send_completions(cluster, served: Served, n: int) -> list[str]:
     return errors
 
 
-def prometheus_api(url: str, path: str, **params) -> dict:
-    query = f"?{urllib.parse.urlencode(params)}" if params else ""
-    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{path}{query}", timeout=READ_TIMEOUT_S) as r:
-        answer = json.load(r)
-    if answer.get("status") != "success":
-        raise OSError(f"Prometheus answered {answer.get('errorType')}: {answer.get('error')}")
-    return answer["data"]
-
-
-def service_counter(url: str, served: Served, after: float | None, timeout: float) -> tuple[list, list]:
+def service_counter(server: prom.Prometheus, served: Served, after: float | None, timeout: float) -> tuple[list, list]:
     """Prometheus' request counter of the pod (an instant query's result) and its targets for the pod, once it has
     a sample scraped after ``after`` (a Unix time; None: any sample), or as they are after ``timeout`` seconds."""
     query = monitoring.service_query(served.name, served.namespace)
     deadline = time.monotonic() + timeout
     while True:
-        stamps = prometheus_api(url, "query", query=f"timestamp({query})")["result"]
+        stamps = server.api("query", query=f"timestamp({query})")["result"]
         if stamps and (after is None or any(float(s["value"][1]) > after for s in stamps)) \
                 or time.monotonic() >= deadline:
             break
         time.sleep(SERVICE_POLL_S)          # a poll of Prometheus, until a scrape or the deadline
-    result = prometheus_api(url, "query", query=query)["result"]
-    targets = monitoring.pod_targets(prometheus_api(url, "targets", state="active")["activeTargets"], served.pod)
+    result = server.api("query", query=query)["result"]
+    targets = monitoring.pod_targets(server.api("targets", state="active")["activeTargets"], served.pod)
     return result, targets
 
 
@@ -507,9 +505,9 @@ def service_counter(url: str, served: Served, after: float | None, timeout: floa
 def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run, gpu_products, request, check):
     """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
     requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value + N)."""
-    url = request.config.getoption("prometheus", None)
-    if not url:
-        pytest.skip("no Prometheus named: --prometheus URL checks that gpuproof's inference server's metrics reach it")
+    server = prometheus_of(request, target.cluster)
+    if server is None:
+        pytest.skip(f"{NO_PROMETHEUS}: nothing to check gpuproof's inference server's metrics reach")
     if not podmonitors_served(target.cluster):
         pytest.skip(f"the cluster serves no PodMonitor ({MONITORING_GROUP}/v1: the Prometheus operator's CRDs): "
                     "nothing the run can create makes Prometheus discover a pod")
@@ -520,7 +518,7 @@ def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run,
     labels, source = monitor_labels(target.cluster)
     with serving(run, node, product) as served:
         create_pod_monitor(target.cluster, served, {**labels, **run.labels})
-        result, targets = service_counter(url, served, None, SERVICE_DISCOVERY_S)
+        result, targets = service_counter(server, served, None, SERVICE_DISCOVERY_S)
         before = int(max((float(r["value"][1]) for r in result), default=0))
         if result:
             errors = send_completions(target.cluster, served, SERVICE_REQUESTS)
@@ -529,7 +527,7 @@ def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run,
                               f"{SERVICE_REQUESTS} completions from {served.pod} through the API server's pod proxy",
                               "; ".join(errors), what="gpuproof's inference server", target=node):
                 return
-            result, targets = service_counter(url, served, answered, SERVICE_SCRAPE_S)
+            result, targets = service_counter(server, served, answered, SERVICE_SCRAPE_S)
     for f in monitoring.judge_service_metrics(node, served.pod, before + SERVICE_REQUESTS, result, targets, before):
         check.true(f.check, f.verdict == "pass", f.expected, f.actual,
                    what=f"{f.check} (PodMonitor labels: {source})" + (f" ({f.reason})" if f.reason else ""),

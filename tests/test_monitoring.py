@@ -435,3 +435,44 @@ def test_no_pod_labels_at_all_says_why():
                                   text("derived-4.9.0-dcgm47-names-busy.prom"), "ns", "p")
     assert found[0].verdict == "fail" and "pod-resources" in found[0].reason
 
+
+
+# ------------------------------------------------------------------------------ finding the cluster's Prometheus
+
+def svc(name: str, namespace: str = "monitoring", labels: dict | None = None, ports=(("http-web", 9090),)):
+    return k8s.V1Service(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=labels or {}),
+                         spec=k8s.V1ServiceSpec(ports=[k8s.V1ServicePort(name=n, port=p) for n, p in ports]))
+
+
+def services_cluster(*services):
+    return SimpleNamespace(core=SimpleNamespace(
+        list_service_for_all_namespaces=lambda **kw: k8s.V1ServiceList(items=list(services))))
+
+
+def test_the_clusters_prometheus_is_found_the_surest_first():
+    from gpuproof.cluster import prometheus as prom
+
+    kps = svc("kps-kube-prometheus-prometheus", labels={"app": "kube-prometheus-stack-prometheus", "release": "kps"})
+    operated = svc("prometheus-operated", labels={"operated-prometheus": "true"}, ports=(("web", 9090),))
+    others = [svc("kps-kube-prometheus-alertmanager", labels={"app.kubernetes.io/name": "prometheus"},
+                  ports=(("http-web", 9093),)),
+              svc("kps-prometheus-node-exporter", labels={"app.kubernetes.io/name": "prometheus-node-exporter"}),
+              svc("kps-kube-prometheus-operator", labels={"app": "kube-prometheus-stack-operator"}),
+              svc("kubernetes", "default", ports=(("https", 443),))]
+    assert prom.find(services_cluster(*others, operated, kps)) == prom.Service(
+        "monitoring", "kps-kube-prometheus-prometheus", 9090, "kube-prometheus-stack's Prometheus")
+    assert prom.find(services_cluster(*others, operated)) == prom.Service(
+        "monitoring", "prometheus-operated", 9090, "the Prometheus operator's governing Service")
+    server = svc("prometheus-server", "prom", ports=(("http", 80),))
+    assert prom.find(services_cluster(server)).port == 80
+    assert prom.find(services_cluster(svc("prometheus-k8s", ports=(("web", 9090), ("reloader-web", 8080))))).why \
+        == "kube-prometheus' Prometheus"
+    assert prom.find(services_cluster(*others)) is None
+
+
+def test_a_cluster_that_refuses_the_service_list_has_no_prometheus_found():
+    from gpuproof.cluster import prometheus as prom
+
+    def refuse(**kw):
+        raise ApiException(status=403, reason="Forbidden")
+    assert prom.find(SimpleNamespace(core=SimpleNamespace(list_service_for_all_namespaces=refuse))) is None

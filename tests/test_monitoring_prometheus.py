@@ -93,15 +93,17 @@ def prometheus_binary() -> str:
     return binary
 
 
-def start_prometheus(binary: str, tmp: Path, scrape_configs: list[dict]) -> tuple[subprocess.Popen, str]:
-    """Prometheus on a free port of 127.0.0.1 with these scrape jobs (global interval 1 s), its data and log
-    (``prometheus.log``) under ``tmp``: the process and its URL (it may not answer yet: poll it)."""
+def start_prometheus(binary: str, tmp: Path, scrape_configs: list[dict],
+                     listen: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """Prometheus on a free port of ``listen`` (the address it serves on; 0.0.0.0 for every address) with these
+    scrape jobs (global interval 1 s), its data and log (``prometheus.log``) under ``tmp``: the process and its URL
+    on 127.0.0.1 (it may not answer yet: poll it)."""
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "scrape_configs": scrape_configs}
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     with open(tmp / "prometheus.log", "w") as log:
         proc = subprocess.Popen([binary, f"--config.file={tmp / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address={listen}:{port}"],
                                 stdout=log, stderr=subprocess.STDOUT)
     return proc, f"http://127.0.0.1:{port}"
 

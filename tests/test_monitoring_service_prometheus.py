@@ -225,6 +225,11 @@ def sender(url: str):
     return send
 
 
+# a cluster whose Services include no Prometheus (the suite looks when --prometheus is not given)
+NO_SERVICES = SimpleNamespace(core=SimpleNamespace(list_service_for_all_namespaces=lambda **kw: SimpleNamespace(
+    items=[])))
+
+
 def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: str, send_to: str,
                       crd: bool = True):
     """The suite's check, its cluster side replaced: the pod is ``<namespace>/ai-service-metrics`` on NODE, its
@@ -249,7 +254,7 @@ def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: 
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE)
     module.test_inference_server_metrics_reach_prometheus(
-        needs_real_gpus=None, target=SimpleNamespace(cluster=None),
+        needs_real_gpus=None, target=SimpleNamespace(cluster=NO_SERVICES),
         run=SimpleNamespace(namespace=namespace, labels={"gpuproof.dev/run": "r1"}),
         gpu_products={GPU_PRODUCT: [NODE]}, request=request, check=checker)
     path = run_dir.path / "checks.jsonl"
@@ -272,7 +277,8 @@ def test_the_suites_service_check_passes_when_prometheus_scrapes_the_pod(suite_s
 def test_the_suites_service_check_skips_without_a_podmonitor_crd_or_a_prometheus(tmp_path, monkeypatch):
     with pytest.raises(pytest.skip.Exception, match=r"serves no PodMonitor \(monitoring.coreos.com/v1"):
         run_service_check(tmp_path, monkeypatch, "http://127.0.0.1:9", "run-ok", "http://127.0.0.1:9", crd=False)
-    with pytest.raises(pytest.skip.Exception, match="no Prometheus named: --prometheus URL"):
+    with pytest.raises(pytest.skip.Exception, match=r"no Prometheus named \(--prometheus URL\) and none found in the "
+                                                    "cluster"):
         run_service_check(tmp_path, monkeypatch, None, "run-ok", "http://127.0.0.1:9")
 
 
