@@ -88,8 +88,8 @@ def test_deploy_manifest_is_made_from_the_rules_and_roles_nest():
     (lambda d: d["rules"][1].update(verbs=["create", "explode"]), "rule 2: verbs: unknown explode"),
     (lambda d: d["rules"][2].pop("for"), "rule 3: missing for"),
     (lambda d: d["rules"][3].update(namespace="default"), "rule 4: namespace: only gpuproof-system"),
-    (lambda d: d["rules"].append(dict(d["rules"][0], verbs=["delete"])),
-     "rule 26: grants delete namespaces again (rule 1 does already)"),
+    (lambda d: d["rules"].insert(1, dict(d["rules"][0], verbs=["delete"])),
+     "rule 2: grants delete namespaces again (rule 1 does already)"),
     (lambda d: d["roles"]["gpuproof"].update(color="red"), "role gpuproof: expected exactly the keys needs and for"),
 ])
 @pytest.mark.server  # tier: gpuproof.rbac as a process
