@@ -81,8 +81,13 @@ def test_the_suite_reads_a_served_recorded_output_through_the_pod_proxy(tmp_path
     assert proc.returncode == 1, out
     assert {("dcgm-exporter-ready", "pass"), ("dcgm-metrics-read", "pass"), ("dcgm-metrics-parse", "pass"),
             ("dcgm-gpu-utilization", "pass"), ("dcgm-gpu-memory", "pass")} <= verdicts, json.dumps(records, indent=1)
-    host, = [r for r in records if r["verdict"] == "fail"]
+    host, work = sorted((r for r in records if r["verdict"] == "fail"), key=lambda r: r["check"])
     assert (host["check"], host["target"], host["actual"]) == ("dcgm-host-label", node, repr(RECORDED_HOST)), host
     assert host["message"] in out
+    # the work check ran its pod on the node and read the exporter before and while it ran; a served file never
+    # carries the pod, so it fails naming the node and the GPU it saw
+    assert (work["check"], work["target"]) == ("dcgm-pod-attribution", node), work
+    assert work["actual"].startswith("0 GPUs: GPU 0 (GPU-c2f76b33-7953-256e-8f33-1343419b1a1c) no pod"), work
+    assert ("dcgm-metrics-read", "pass") in verdicts
     version, = [r for r in records if r["check"] == "dcgm-exporter-version"]
     assert "names classic; host label Hostname" in version["actual"] and "driver 580.105.08" in version["actual"]
