@@ -128,7 +128,7 @@ FAULTS = {
     "runtime-honours-nvidia-visible-devices": ("EnvVarIsolationTest", {
         "ungranted-env-all": result([0, 1], [GPU0, GPU1], ENV_ALL)},
         [("access-envvar-none", NODE, NONE_EXPECTED,
-          f"{TWO} (its env: NVIDIA_DRIVER_CAPABILITIES=all, NVIDIA_VISIBLE_DEVICES=all)",
+          f"{TWO} (env in the container: NVIDIA_DRIVER_CAPABILITIES=all, NVIDIA_VISIBLE_DEVICES=all)",
           f"container ungranted-env-all on {NODE}, granted nothing with NVIDIA_VISIBLE_DEVICES=all, "
           "NVIDIA_DRIVER_CAPABILITIES=all")]),
     "sibling-container-reaches-the-gpu": ("MultiContainerIsolationTest", {"granted": GRANTED,

@@ -74,6 +74,7 @@ def fault_tables() -> dict[str, dict]:
     """test id -> its table: case -> row whose last item lists (check, target, expected, actual, ...)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import test_access_checks
+    import test_access_kubelet
     import test_bench_checks
     import test_census_checks
     import test_dra
@@ -98,6 +99,8 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_dra.py::test_dra_check_fails_on_its_fault": test_dra.DRA_FAULTS,
         "tests/test_driver_checks.py::test_driver_check_fails_on_its_fault": test_driver_checks.FAULTS,
         "tests/test_access_checks.py::test_access_check_fails_on_its_fault": test_access_checks.FAULTS,
+        "tests/test_access_kubelet.py::test_access_suite_on_kubelet_nodes_and_the_toolkits_own_fault":
+            test_access_kubelet.FAULTS,
         "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
         "tests/test_bench_checks.py::test_bench_check_fails_on_its_fault": test_bench_checks.RUNS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,

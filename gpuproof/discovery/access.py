@@ -90,6 +90,6 @@ def sees_none(result: dict) -> tuple[bool, str, str]:
     s = seen(result)
     actual = s.describe()
     env = ", ".join(f"{k}={v}" for k, v in sorted(s.env.items()) if k.startswith("NVIDIA_"))
-    if s.count and env:
-        actual += f" (its env: {env})"
+    if s.count and env:        # as the container saw it (NVIDIA's runtime sets void once it has injected the GPUs)
+        actual += f" (env in the container: {env})"
     return s.count == 0, "no GPU: no /dev/nvidia<N>, none listed by NVML", actual

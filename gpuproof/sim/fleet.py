@@ -141,6 +141,9 @@ class Fault:
     # kubelet nodes: the share of one CPU core (percent) the node's pods may use together, set as the CFS quota of
     # the kubelet's kubepods cgroup: a slow node made real (the workloads take their CPU path on these nodes)
     cpu_percent: int | None = None
+    # kubelet nodes: NVIDIA's container toolkit (nvidia-container-runtime) as the node's runtime, with these settings
+    # of its config.toml over NVIDIA's recommended ones (gpuproof.sim.kubelet_toolkit); None: plain runc
+    container_toolkit: dict | None = None
     # replay nodes (gpuproof.sim.replay): the node's census pod returns the census recorded under a CPU quota
     replay_slow: bool = False
 
@@ -208,6 +211,11 @@ class Pool:
         """The CPU share (percent of one core) node ``index``'s pods are held to (kubelet nodes), None: no limit."""
         limits = [fault.cpu_percent for fault in self.faults_for(index) if fault.cpu_percent is not None]
         return min(limits) if limits else None
+
+    def container_toolkit(self, index: int) -> dict | None:
+        """Node ``index``'s settings for NVIDIA's container toolkit as its runtime (kubelet nodes); None: runc."""
+        found = [f.container_toolkit for f in self.faults_for(index) if f.container_toolkit is not None]
+        return {k: v for settings in found for k, v in settings.items()} if found else None
 
     def missing_images(self, index: int) -> set[str]:
         """Images node ``index``'s containerd lacks (kubelet nodes)."""

@@ -244,6 +244,20 @@ def _parse_fault(f: _Fields) -> Fault:
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or not 1 <= cpu <= 10000):
         f.fail("cpuPercent", f"must be a whole number of percent of one CPU core, 1 to 10000, got {_kind(cpu)} {cpu!r}")
     fault.cpu_percent = cpu
+    toolkit = f.get("containerToolkit")
+    if toolkit is not None:
+        if not isinstance(toolkit, dict):
+            f.fail("containerToolkit", f"must be a mapping of NVIDIA container toolkit config.toml settings ({{}}: "
+                                       f"as NVIDIA recommends), got {_kind(toolkit)}")
+        for key, value in toolkit.items():
+            kind = TOOLKIT_SETTINGS.get(key)
+            if kind is None:
+                f.fail(f"containerToolkit.{key}", "not a top-level setting of NVIDIA's config.toml gpuproof knows: "
+                                                  + ", ".join(TOOLKIT_SETTINGS))
+            if not isinstance(value, kind):
+                f.fail(f"containerToolkit.{key}", f"must be {'true or false' if kind is bool else 'a string'}, got "
+                                                  f"{_kind(value)} {value!r}")
+        fault.container_toolkit = dict(toolkit)
     fault.replay_slow = f.bool("replaySlow")
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
@@ -319,8 +333,12 @@ def _parse_pool(f: _Fields) -> Pool:
         if fault.node is not None and fault.node >= count:
             f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
         for key, (attr, why) in KUBELET_NODE_FAULTS.items():
-            if getattr(fault, attr) and pool.backend != "kubelet":
+            given = getattr(fault, attr) is not None if attr == "container_toolkit" else getattr(fault, attr)
+            if given and pool.backend != "kubelet":
                 f.fail(f"faults[{i}].{key}", why)
+        if fault.container_toolkit is not None and (pool.gpu is None or pool.dra):
+            f.fail(f"faults[{i}].containerToolkit", "is for GPU nodes that offer their GPUs through NVIDIA's device "
+                                                    "plugin (DRA nodes run containerd 1.7 with CDI)")
         if fault.replay_slow and pool.backend != "replay":
             f.fail(f"faults[{i}].replaySlow", "is for replay nodes, whose census pod returns a recording")
     if pool.backend == "kubelet":
@@ -330,6 +348,12 @@ def _parse_pool(f: _Fields) -> Pool:
     f.done()
     return pool
 
+
+# top-level settings of NVIDIA's container toolkit config.toml a fleet may give a kubelet node (api/config/v1/config.go
+# of the toolkit; gpuproof.sim.kubelet_toolkit writes the rest)
+TOOLKIT_SETTINGS = {"accept-nvidia-visible-devices-envvar-when-unprivileged": bool,
+                    "accept-nvidia-visible-devices-as-volume-mounts": bool, "disable-require": bool,
+                    "supported-driver-capabilities": str}
 
 # fault fields only kubelet nodes take (Fault attribute, why a kwok node cannot)
 KUBELET_NODE_FAULTS = {
@@ -341,6 +365,8 @@ KUBELET_NODE_FAULTS = {
                                         "container"),
     "cpuPercent": ("cpu_percent", "is for kubelet nodes, whose pods run on this machine's CPU; kwok nodes run no "
                                   "container"),
+    "containerToolkit": ("container_toolkit", "is for kubelet nodes, whose containerd runs NVIDIA's container "
+                                              "toolkit; kwok nodes run no container"),
 }
 
 
@@ -357,8 +383,9 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
         if fault != Fault(node=fault.node, nvml_failures=fault.nvml_failures,
                           **{attr: getattr(fault, attr) for attr, _ in KUBELET_NODE_FAULTS.values()}):
             f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
-                                   "devicePluginConfig, missingImages and cpuPercent: their labels, resources and "
-                                   "state are what NVIDIA's software and the kubelet make of them")
+                                   "devicePluginConfig, missingImages, cpuPercent and containerToolkit: their "
+                                   "labels, resources and state are what NVIDIA's software and the kubelet make of "
+                                   "them")
 
 
 def _check_replay_pool(pool: Pool, f: _Fields) -> None:

@@ -131,6 +131,7 @@ class Node:
     taints: list[str]
     max_pods: int
     dra: bool = False          # NVIDIA's DRA driver runs here, over containerd 1.7 with CDI (kubelet_dra)
+    toolkit: dict | None = None  # NVIDIA's container toolkit as its runtime, with these settings (kubelet_toolkit)
 
     def ip(self, c: int) -> str:
         return f"10.250.{c}.{10 + self.index}"
@@ -420,8 +421,13 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
         kubelet_dra.driver_root(dev.parent, var_lib / NODE_FILES / "mock-nvml.yaml")
         runtime = kubelet_dra.containerd()
     (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(cni_config(n)))
-    (etc / "containerd.toml").write_text(containerd_config(etc / "cni", images.PAUSE, **(
-        kubelet_dra.containerd_settings(runtime) if runtime else {})))
+    config = containerd_config(etc / "cni", images.PAUSE,
+                               **(kubelet_dra.containerd_settings(runtime) if runtime else {}))
+    if n.toolkit is not None:
+        from . import kubelet_toolkit
+
+        config = kubelet_toolkit.node_runtime(etc, n.toolkit, dev.parent, var_lib / NODE_FILES, config)
+    (etc / "containerd.toml").write_text(config)
     (etc / "kubelet.yaml").write_text(yaml.safe_dump(kubelet_config(n, state, Path(sim_dir) / "pki" / "ca.crt")))
     kubeconfig = node_kubeconfig(sim_dir, n, state, etc)
     _make_cgroup(state, f"{n.name}/daemons")
@@ -530,7 +536,9 @@ def fleet_nodes(fleet) -> list[tuple[Node, object]]:
         if pool.dra:
             labels[DRA_NODE_LABEL] = "true"
         for name in pool.node_names():
-            out.append((Node(name, len(out), labels, [str(t) for t in pool.taints], pool.pods, dra=pool.dra), pool))
+            toolkit = pool.container_toolkit(pool.node_names().index(name)) if pool.gpu is not None else None
+            out.append((Node(name, len(out), labels, [str(t) for t in pool.taints], pool.pods, dra=pool.dra,
+                             toolkit=toolkit), pool))
     return out
 
 
