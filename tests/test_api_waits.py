@@ -10,7 +10,7 @@ import pytest
 import urllib3
 
 from gpuproof.cluster.api import watch_until
-from gpuproof.errors import WaitTimeout
+from gpuproof.errors import ApiUnreachable, WaitTimeout
 
 
 def _refused():
@@ -282,3 +282,22 @@ def test_a_create_left_unanswered_for_the_whole_api_deadline_means_the_api_serve
 
     with pytest.raises(ApiGone, match=r"^the API server did not answer POST /api/v1/namespaces/x/pods for 1s"):
         _inflight(1)._send_within_deadline(frozen, "POST", "https://api/api/v1/namespaces/x/pods")
+
+
+def test_a_wait_the_api_server_broke_off_that_then_times_out_judges_nothing():
+    """A wait whose watch the API server broke off (a restart) and that then ran out of time is ApiUnreachable (not
+    judged), not a WaitTimeout: what it waited for may have been lost with the API server (a scheduler's update of
+    the pod, made while it was away, is retried only minutes later)."""
+    from gpuproof.errors import ApiGone
+
+    def list_pods(**kwargs):
+        """:return: V1PodList"""
+        if kwargs.get("watch"):
+            raise urllib3.exceptions.ProtocolError("Response ended prematurely")
+        return {"metadata": {"resourceVersion": "7"}, "items": [{"metadata": {"name": "p"}, "phase": "Pending"}]}
+
+    with pytest.raises(ApiUnreachable, match=r"^timed out after 1s waiting for pod p \(last seen: 1 objects seen\), "
+                                             r"after the API server broke off the wait \(ProtocolError: Response "
+                                             r"ended prematurely\): what it waited for may have been lost") as err:
+        watch_until(list_pods, lambda c: c["p"]["phase"] == "Running", 1, "pod p")
+    assert not isinstance(err.value, ApiGone)

@@ -510,6 +510,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
     deadline = time.monotonic() + timeout
     cache: dict[str, Any] = {}
     api_deadline = _api_deadline_of(list_fn)
+    cut: list[str] = []         # how the API server broke off this wait (a restart): then its end judges nothing
 
     def relist() -> str:
         # a list is an idempotent read: an API server restarting (connection refused, reset) is asked again, with
@@ -520,6 +521,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                 return relist_once()
             except (urllib3.exceptions.MaxRetryError, urllib3.exceptions.ProtocolError, ConnectionError) as exc:
                 now = time.monotonic()
+                cut.append(f"{type(exc).__name__}: {one_line(_root_cause(exc), 120)}")
                 if now + delay > since + api_deadline:
                     raise ApiGone(f"the API server did not answer for {now - since:.0f}s (the API deadline, "
                                   f"--api-deadline {api_deadline:g}) while waiting for {what} "
@@ -549,6 +551,10 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             state = describe(cache) if describe else f"{len(cache)} objects seen"
+            if cut:           # what it waited for may have been lost with the API server (a scheduler's update)
+                raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state}), "
+                                     f"after the API server broke off the wait ({cut[0]}): what it waited for may "
+                                     "have been lost while the API server was away")
             raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state})")
         w = watch.Watch()
         try:
@@ -585,7 +591,8 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                 continue
             raise
         except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError,
-                urllib3.exceptions.MaxRetryError, ConnectionError):
+                urllib3.exceptions.MaxRetryError, ConnectionError) as exc:
+            cut.append(f"{type(exc).__name__}: {one_line(_root_cause(exc), 120)}")
             rv = relist()              # the watch was cut (an API server restarting): list again, then watch on
         finally:
             w.stop()

@@ -113,6 +113,7 @@ class PodWatch:
         looked_at = -float("inf")
         nodes: dict[str, str] = {}          # the pod's node, kept once seen: a lost node may take the pod with it
         full = f"pod {self.run.namespace}/{name} {what}"
+        cut = ""                            # how the API server broke off the watch during this wait, if it did
         self._ready.wait(min(timeout, 30.0))
         with self._cond:
             while True:
@@ -132,9 +133,15 @@ class PodWatch:
                     raise ClusterError(f"stopped waiting for {full}: the run is ending")
                 left = deadline - time.monotonic()
                 self._raise_if_api_gone(full, left <= 0, timeout)
+                if self.error is not None and no_answer(self.error) and not cut:
+                    cut = f"{type(self.error).__name__}: {_root_cause(self.error)}"
                 if left <= 0:
                     state = _describe_pod(pod) if self._ready.is_set() else (
                         f"the pod list never arrived: {_root_cause(self.error)}" if self.error else "no answer yet")
+                    if cut:       # what it waited for may have been lost with the API server (a scheduler's update)
+                        raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state}), "
+                                             f"after the API server broke off the wait ({cut}): what it waited for "
+                                             "may have been lost while the API server was away")
                     raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state})")
                 self._cond.wait(min(left, self.tick))
 

@@ -245,6 +245,8 @@ class Progress:
         self._stop.set()
         with self._cond:
             self._flush()
+        with contextlib.suppress(Exception):      # a request answered since the last tick: said, not lost
+            self._api_waits(time.monotonic())
         if self.estimate is not None and self.estimate.done:
             self.say(f"{self.estimate.done} checks in {fmt_duration(time.monotonic() - self.started)}")
         self.active = False
