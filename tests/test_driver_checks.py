@@ -218,8 +218,9 @@ KUBELET_FLEET = {"name": "kdriver", "defaults": {"gpu": {"driverVersion": "550.1
 @pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
 def test_pods_get_the_advertised_driver_on_kubelet_nodes(tmp_path):
     """A probe pod granted a GPU by NVIDIA's device plugin, and one granted a GPU by a claim on NVIDIA's DRA driver,
-    read through the mock NVML the driver version and CUDA driver version GFD labelled and the DRA driver published.
-    (A lying label has no fault on kubelet nodes: their labels are what NVIDIA's GFD makes of the node.)"""
+    read through the mock NVML the driver version and CUDA driver version GFD labelled and the DRA driver published,
+    every node's probe at once (the fan-out). A lying label on a kubelet node (fleet fault ``labelsOverGfd``, set over
+    GFD's) fails the check: tests/test_kubelet_faults.py."""
     from test_kubelet_pods import NEEDS, gpuproof_run, records
 
     if NEEDS:

@@ -9,6 +9,9 @@ healthy node beside it passes.
   then builds a CDI spec at start, finds no ``libcuda.so`` in the node's driver root and exits 1 ("unable to create
   cdi spec file: ... failed to locate libcuda.so"), again at every restart: its pod crash-loops. GFD, which reads
   the same file but makes no CDI spec, still labels the node, so it stays a GPU node by its labels.
+- ``labelsOverGfd``: a100-0's ``nvidia.com/cuda.driver-version.full`` set to 535.104.05 over GFD's once NFD's master
+  has applied GFD's labels (a hand's ``kubectl label --overwrite``; NFD leaves it until its hourly resync). The
+  driver suite's probe pod there reads 550.54.15 through NVML: ``driver-version-in-pod`` fails naming the label.
 - ``missingImages: [workloads]``: a100-0's containerd lacks the image gpuproof's workload pods run in (an
   air-gapped node built without it). The health pod stays ``ErrImageNeverPull`` there; the wait for it ends at
   once, saying so, instead of at the workload's deadline.
@@ -27,6 +30,10 @@ needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
 
 CDI = {"devicePluginConfig": {"flags": {"plugin": {"deviceListStrategy": "cdi-cri"}}}}
 NO_WORKLOAD_IMAGE = {"missingImages": ["workloads"]}
+LYING_DRIVER_LABEL = {"labelsOverGfd": {"nvidia.com/cuda.driver-version.full": "535.104.05"}}
+GFD_DRIVER_LABELS = ("nvidia.com/cuda.driver-version.full; nvidia.com/cuda.driver-version.major; "
+                     "nvidia.com/cuda.driver-version.minor; nvidia.com/cuda.driver-version.revision; "
+                     "nvidia.com/cuda.driver.major; nvidia.com/cuda.driver.minor; nvidia.com/cuda.driver.rev")
 # case: (the fault on a100-0, the checks `-k` selects, [(check, node, expected, words of the actual)] that must fail)
 FAULTS = {
     "device-plugin-asked-for-cdi-without-libcuda": (CDI, "device_plugin_pod_ready", [
@@ -35,6 +42,10 @@ FAULTS = {
     "workload-image-missing-on-the-node": (NO_WORKLOAD_IMAGE, "health", [
         ("health-pod", "a100-0", "the health pod finishes with a JSON result",
          "can never start on node a100-0: container workload: ErrImageNeverPull")]),
+    "driver-label-set-over-gfds": (LYING_DRIVER_LABEL, "test_pod_gets_the_advertised_driver", [
+        ("driver-version-in-pod", "a100-0", f"the driver version NVML reports in a pod granted a GPU, as "
+         f"{GFD_DRIVER_LABELS} advertise", "nvidia.com/cuda.driver-version.full=535.104.05 but NVML in the pod "
+         "reports 550.54.15")]),
 }
 
 
@@ -51,6 +62,10 @@ def test_node_faults_are_refused_off_kubelet_nodes_and_checked():
         parse_fleet({"name": "x", "pools": [kwok]}, source="x.yaml")
     with pytest.raises(FleetError, match=r"faults\[0\].missingImages: is for kubelet nodes"):
         parse_fleet(fleet(NO_WORKLOAD_IMAGE) | {"pools": [kwok | {"faults": [NO_WORKLOAD_IMAGE]}]}, source="x.yaml")
+    with pytest.raises(FleetError, match=r"faults\[0\].labelsOverGfd: is for kubelet nodes"):
+        parse_fleet({"name": "x", "pools": [kwok | {"faults": [LYING_DRIVER_LABEL]}]}, source="x.yaml")
+    assert parse_fleet(fleet(LYING_DRIVER_LABEL), source="x.yaml").pools[0].labels_over_gfd(0) == {
+        "nvidia.com/cuda.driver-version.full": "535.104.05"}
     with pytest.raises(FleetError, match=r"missingImages\[0\]: 'pause' is not an image a kubelet node can lack"):
         parse_fleet(fleet({"missingImages": ["pause"]}), source="x.yaml")
     with pytest.raises(FleetError, match=r"devicePluginConfig.plugin: NVIDIA's device-plugin config has the mapping"):

@@ -144,6 +144,9 @@ class Fault:
     # kubelet nodes: NVIDIA's container toolkit (nvidia-container-runtime) as the node's runtime, with these settings
     # of its config.toml over NVIDIA's recommended ones (gpuproof.sim.kubelet_toolkit); None: plain runc
     container_toolkit: dict | None = None
+    # kubelet nodes: labels set over GFD's once NFD's master has applied them, as a hand's `kubectl label --overwrite`
+    # or a node-labelling job would (NFD leaves them until its hourly resync): a lying label on a real node
+    labels_over_gfd: dict[str, str] = dataclasses.field(default_factory=dict)
     # replay nodes (gpuproof.sim.replay): the node's census pod returns the census recorded under a CPU quota
     replay_slow: bool = False
 
@@ -216,6 +219,10 @@ class Pool:
         """Node ``index``'s settings for NVIDIA's container toolkit as its runtime (kubelet nodes); None: runc."""
         found = [f.container_toolkit for f in self.faults_for(index) if f.container_toolkit is not None]
         return {k: v for settings in found for k, v in settings.items()} if found else None
+
+    def labels_over_gfd(self, index: int) -> dict[str, str]:
+        """Labels set over GFD's on node ``index`` once it is labelled (kubelet nodes)."""
+        return {k: v for f in self.faults_for(index) for k, v in f.labels_over_gfd.items()}
 
     def missing_images(self, index: int) -> set[str]:
         """Images node ``index``'s containerd lacks (kubelet nodes)."""

@@ -244,6 +244,7 @@ def _parse_fault(f: _Fields) -> Fault:
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or not 1 <= cpu <= 10000):
         f.fail("cpuPercent", f"must be a whole number of percent of one CPU core, 1 to 10000, got {_kind(cpu)} {cpu!r}")
     fault.cpu_percent = cpu
+    fault.labels_over_gfd = f.str_map("labelsOverGfd")
     toolkit = f.get("containerToolkit")
     if toolkit is not None:
         if not isinstance(toolkit, dict):
@@ -367,6 +368,7 @@ KUBELET_NODE_FAULTS = {
                                   "container"),
     "containerToolkit": ("container_toolkit", "is for kubelet nodes, whose containerd runs NVIDIA's container "
                                               "toolkit; kwok nodes run no container"),
+    "labelsOverGfd": ("labels_over_gfd", "is for kubelet nodes, which GFD labels; on kwok nodes use setLabels"),
 }
 
 
@@ -383,9 +385,9 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
         if fault != Fault(node=fault.node, nvml_failures=fault.nvml_failures,
                           **{attr: getattr(fault, attr) for attr, _ in KUBELET_NODE_FAULTS.values()}):
             f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
-                                   "devicePluginConfig, missingImages, cpuPercent and containerToolkit: their "
-                                   "labels, resources and state are what NVIDIA's software and the kubelet make of "
-                                   "them")
+                                   "devicePluginConfig, missingImages, cpuPercent, containerToolkit and "
+                                   "labelsOverGfd: their labels, resources and state are what NVIDIA's software and "
+                                   "the kubelet make of them")
 
 
 def _check_replay_pool(pool: Pool, f: _Fields) -> None:

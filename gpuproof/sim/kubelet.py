@@ -721,6 +721,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         if dra:
             kubelet_dra.deploy(client, sw, dra, dra_image[1], timeout, progress)
         crashed = _wait_gpu_nodes(client, {n.name for n, _ in gpu}, timeout, dra=set(dra))
+        kubelet_faults.label_over_gfd(client, wanted, progress)
         kubelet_faults.tell_crashed(client, PLUGIN_NAMESPACE, crashed, progress)
     clusternet.wait(client, state, timeout)
     progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"

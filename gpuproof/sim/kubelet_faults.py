@@ -11,6 +11,10 @@ The fault only changes what the node holds; the kubelet, containerd and NVIDIA's
 - ``missingImages``: images the node's containerd lacks (``workloads``: the image gpuproof's workload pods run in).
   A pod of it stays ``ErrImageNeverPull`` there (``imagePullPolicy: Never``: the nodes reach no registry), which
   :mod:`gpuproof.cluster`'s waits take as a pod that never starts.
+- ``labelsOverGfd``: labels set on the node over GFD's once NFD's master has applied them, as a hand's ``kubectl
+  label --overwrite`` or a node-labelling job would on a real cluster; NFD's master leaves them until its hourly
+  resync (measured: a changed ``nvidia.com/cuda.driver-version.full`` stayed over 5 minutes), so the node claims
+  what its GPUs do not have (a driver version NVML in its pods does not report).
 - ``cpuPercent``: the share of one CPU core the node's pods may use together, written as the CFS quota of the
   kubelet's ``kubepods`` cgroup once the node is Ready (the kernel then throttles them): a slow node, made by the
   kernel, for the census to find among its peers.
@@ -106,3 +110,17 @@ def limit_pod_cpu(cpu_root: Path, wanted: list[tuple], progress: Progress) -> di
         progress("pods held to " + ", ".join(f"{pct}% of a core on {n}" for n, pct in sorted(limited.items()))
                  + " (cpuPercent: the kubepods cgroup's CFS quota)")
     return limited
+
+
+def label_over_gfd(client, wanted: list[tuple], progress: Progress) -> dict[str, dict[str, str]]:
+    """Set each ``labelsOverGfd`` fault's labels on its node (GFD's labels are there: NFD's master has applied
+    them). Returns node -> the labels set."""
+    done = {}
+    for node, pool in wanted:
+        labels = pool.labels_over_gfd(pool.node_names().index(node.name))
+        if labels:
+            client.core.patch_node(node.name, {"metadata": {"labels": labels}})
+            done[node.name] = labels
+            progress(f"kubelet node {node.name}: labelled over GFD's: "
+                     + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    return done
