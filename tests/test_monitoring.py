@@ -268,22 +268,31 @@ FAULTS = {
 }
 
 
+def failed_as_listed(checker, records: list[dict], expectations) -> list[dict]:
+    """The run fails, and each (check, node, expected, the actual's start) of a fault table's row is a failed record
+    whose message is among the lines the failure printed and starts with the node. The records found."""
+    with pytest.raises(pytest.fail.Exception) as raised:
+        checker.finish()
+    lines = str(raised.value).splitlines()
+    found = []
+    for check, target, expected, actual in expectations:
+        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"
+                    and r["actual"].startswith(actual)), None)
+        assert rec is not None, records
+        assert (rec["target"], rec["expected"]) == (target, expected), rec
+        assert rec["message"] in lines and rec["message"].startswith(f"{target}: "), lines
+        found.append(rec)
+    return found
+
+
 @pytest.mark.parametrize("case", list(FAULTS))
 def test_monitoring_check_fails_on_its_fault(tmp_path, case):
     gpu_node, (daemonsets, pods), served, expectations = FAULTS[case]
     api = cluster(daemonsets, pods, served if isinstance(served, str) else None,
                   served if isinstance(served, ApiException) else None)
     checker, records = run_suite(tmp_path, gpu_node, api)
-    with pytest.raises(pytest.fail.Exception) as raised:
-        checker.finish()
-    message = str(raised.value)
-    for check, target, expected, actual in expectations:
-        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"
-                    and r["actual"].startswith(actual)), None)
-        assert rec is not None, records
-        assert (rec["target"], rec["expected"]) == (target, expected), rec
-        assert rec["message"] in message.splitlines() and rec["message"].startswith(f"{target}: "), message
-        if check in ("dcgm-gpu-utilization", "dcgm-gpu-memory"):
+    for rec in failed_as_listed(checker, records, expectations):
+        if rec["check"] in ("dcgm-gpu-utilization", "dcgm-gpu-memory"):
             assert "GPU " in rec["message"] and "(" in rec["message"], rec       # index and UUID (or that it has none)
 
 
@@ -420,14 +429,7 @@ WORK_FAULTS = {
 def test_work_check_fails_on_its_fault(tmp_path, monkeypatch, case):
     gpu_node, namespace, pod, before, during, expectations = WORK_FAULTS[case]
     checker, records = run_work_check(tmp_path, monkeypatch, gpu_node, namespace, pod, before, during)
-    with pytest.raises(pytest.fail.Exception) as raised:
-        checker.finish()
-    for check, target, expected, actual in expectations:
-        rec = next((r for r in records if r["check"] == check and r["verdict"] == "fail"
-                    and r["actual"].startswith(actual)), None)
-        assert rec is not None, records
-        assert (rec["target"], rec["expected"]) == (target, expected), rec
-        assert rec["message"] in str(raised.value).splitlines() and rec["message"].startswith(f"{target}: ")
+    failed_as_listed(checker, records, expectations)
 
 
 def test_no_pod_labels_at_all_says_why():

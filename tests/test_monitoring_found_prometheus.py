@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,11 +31,9 @@ from gpuproof.cluster import prometheus as prom
 from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 from test_monitoring import H100_NODE, cluster, daemonset, exporter_pod
-from test_monitoring_prometheus import (EXPORTER, RECORDED, free_port, get_json, prometheus_binary, start_prometheus,
-                                        stop, until)
+from test_monitoring_prometheus import RECORDED, free_port, job, recorded_and_scraped, until
 from test_real_gpu_checks import INLINE, suite
 
-DATA = Path(__file__).parent / "data" / "dcgm"
 NAMESPACE = "gpuproof-prom-found"
 SERVICE = "kps-kube-prometheus-prometheus"
 
@@ -58,25 +53,10 @@ def host_address() -> str:
 @pytest.fixture(scope="module")
 def open_prometheus(tmp_path_factory):
     """Prometheus on every address, scraping the recorded output every second (job ``honored``); its port."""
-    binary = prometheus_binary()
-    tmp = tmp_path_factory.mktemp("prometheus")
-    files = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1",
-                              "--directory", str(DATA)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    procs = [files]
-    try:
-        m = re.search(r"port (\d+)", files.stdout.readline())
-        assert m, "http.server did not say its port"
-        job = {"job_name": "honored", "honor_labels": True, "scrape_interval": "1s", "scrape_timeout": "1s",
-               "metrics_path": f"/{RECORDED}",
-               "static_configs": [{"targets": [f"127.0.0.1:{m.group(1)}"], "labels": EXPORTER}]}
-        proc, url = start_prometheus(binary, tmp, [job], listen="0.0.0.0")
-        procs.append(proc)
-        until("Prometheus to have scraped the recorded output",
-              lambda: get_json(f"{url}/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL")["data"]["result"])
+    with recorded_and_scraped(tmp_path_factory.mktemp("prometheus"),
+                              lambda target: [{"job_name": "honored", "honor_labels": True, **job(target)}],
+                              listen="0.0.0.0") as url:
         yield int(url.rsplit(":", 1)[1])
-    finally:
-        for p in reversed(procs):
-            stop(p)
 
 
 def service(name: str, labels: dict, port: int, port_name: str = "http-web") -> dict:
