@@ -117,7 +117,7 @@ def test_the_cli_installs_and_writes(no_go, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPROOF_CACHE", str(maker))
     assert main(["sim", "bundle", "-o", str(tmp_path / "again.tar.xz")]) == 0
     printed = capsys.readouterr()
-    assert "Kubernetes v1.35.4 and etcd v3.6.5 (one multi-call executable)" in printed.out
+    assert "one multi-call executable: etcd, kube-apiserver" in printed.out
     assert "MiB" in printed.err
 
 

@@ -48,6 +48,7 @@ LIMIT_MIB = 56                  # the bundle and the repository fit in 64 MiB (i
 ENV = "GPUPROOF_BUNDLE"
 MULTICALL = ("bundle", "gpuproof-kube", "./cmd/gpuproof-kube")     # module, executable, package
 KUBE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
+MULTICALL_SERVES = KUBE_NAMES            # the programs controlplane/bundle's executable is
 
 
 def _quiet(msg: str) -> None:
@@ -61,7 +62,8 @@ class Piece:
     what: str
     folder: Path                        # in the cache, as this gpuproof computes it
     files: dict[str, Path]
-    links: dict[str, str] = dataclasses.field(default_factory=dict)    # hard links in the folder: name -> file
+    links: dict[str, str] = dataclasses.field(default_factory=dict)    # symbolic links in the folder: name -> target
+    hardlinks: dict[str, Path] = dataclasses.field(default_factory=dict)  # name -> a file of the bundle (in the cache)
 
     def rel(self) -> str:
         return self.folder.relative_to(_binaries.cache_root()).as_posix()
@@ -118,15 +120,23 @@ def gather(progress: Progress = _quiet) -> list[Piece]:
     nv.update({f"lib/{p.name}": p for p in sw.lib.iterdir() if not p.is_symlink()})
     nv.update({f"profiles/{p.name}": p for p in sorted(sw.profiles.glob("*.yaml"))})
     nv.update({f"chart/{t}": sw.chart / t for t in nvidia.DEVICE_CLASS_TEMPLATES})
-    name = MULTICALL[1]
+    multi = where["kube"] / MULTICALL[1]
+
+    def served(folder: str, name: str, built: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+        """(files, hard links) of a program the multi-call executable serves, or that comes on its own."""
+        return ({}, {name: multi}) if name in MULTICALL_SERVES else ({name: built}, {})
+
+    kwok_files, kwok_links = served("kwok", "kwok", kwok)
+    nfd_files, nfd_links = served("nfd", "nfd-master", nfd / "nfd-master")
+    dns_files, dns_links = served("coredns", "coredns", coredns)
     return [
-        Piece("Kubernetes v1.35.4 and etcd v3.6.5 (one multi-call executable)", where["kube"],
-              {name: kube, "coredns.yaml.base": where["kube"] / "coredns.yaml.base"},
-              {n: name for n in KUBE_NAMES}),
-        Piece("kwok", where["kwok"], {"kwok": kwok}),
-        Piece("NFD's nfd-master", where["nfd"], {"nfd-master": nfd / "nfd-master",
-                                                 "nfd-api-crds.yaml": nfd / Path(kubelet.NFD_CRDS).name}),
-        Piece("CoreDNS", where["coredns"], {"coredns": coredns}),
+        Piece(f"one multi-call executable: {', '.join(MULTICALL_SERVES)}", where["kube"],
+              {MULTICALL[1]: kube, "coredns.yaml.base": where["kube"] / "coredns.yaml.base"},
+              hardlinks={n: multi for n in KUBE_NAMES}),
+        Piece("kwok", where["kwok"], kwok_files, hardlinks=kwok_links),
+        Piece("NFD's nfd-master", where["nfd"], {**nfd_files, "nfd-api-crds.yaml": nfd / Path(kubelet.NFD_CRDS).name},
+              hardlinks=nfd_links),
+        Piece("CoreDNS", where["coredns"], dns_files, hardlinks=dns_links),
         Piece("containerd 1.7 (DRA nodes)", where["containerd"],
               {b: containerd / b for b in kubelet_dra.CONTAINERD_BINARIES}),
         Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook}),
@@ -163,7 +173,8 @@ def make(out: Path, progress: Progress = _quiet) -> dict:
                 raise ControlPlaneError(f"cannot bundle {p.what}: {src} is missing")
             files[name] = {"sha256": _sha256(src), "size": src.stat().st_size}
             entries.append((f"{p.rel()}/{name}", src))
-        manifest_pieces.append({"what": p.what, "folder": p.rel(), "files": files, "links": p.links})
+        manifest_pieces.append({"what": p.what, "folder": p.rel(), "files": files, "links": p.links,
+                                "hardlinks": {n: t.relative_to(root).as_posix() for n, t in p.hardlinks.items()}})
     manifest = {"format": FORMAT, "gpuproof": __version__, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "pieces": manifest_pieces}
     biggest = max(src.stat().st_size for _, src in entries)
@@ -184,7 +195,6 @@ def make(out: Path, progress: Progress = _quiet) -> dict:
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
-    del root
     manifest.update(size=out.stat().st_size, raw=raw, seconds=round(time.monotonic() - t0, 1))
     return manifest
 
@@ -268,12 +278,20 @@ def install(path: Path, progress: Progress = _quiet) -> dict:
             for name in piece["files"]:
                 (dest / name).parent.mkdir(parents=True, exist_ok=True)
                 (src / name).replace(dest / name)
-            for name, target in piece.get("links", {}).items():
+        files = {f"{p['folder']}/{n}" for p in manifest["pieces"] for n in p["files"]}
+        for piece in manifest["pieces"]:
+            dest = root / piece["folder"]
+            dest.mkdir(parents=True, exist_ok=True)
+            links = [(n, t, True) for n, t in piece.get("hardlinks", {}).items()]
+            for name, target, hard in links + [(n, t, False) for n, t in piece.get("links", {}).items()]:
                 link = dest / name
                 tmp = link.with_name(f".{link.name}.{os.getpid()}")
                 tmp.unlink(missing_ok=True)
-                if target in piece["files"]:                  # the multi-call executable under a component's name
-                    os.link(dest / target, tmp)
+                if hard:                                       # the multi-call executable under a program's name
+                    if target not in files:
+                        raise ControlPlaneError(f"{path}: {piece['folder']}/{name} is a link to {target}, which the "
+                                                f"bundle does not hold")
+                    os.link(root / target, tmp)
                 else:                                          # a library's version link
                     tmp.symlink_to(target)
                 tmp.replace(link)
@@ -303,5 +321,6 @@ def check(path: Path) -> list[str]:
     with tarfile.open(path, mode="r|xz") as tar:
         manifest = _read_manifest(tar, path)
     root = _binaries.cache_root()
-    return [f"{p['folder']}/{n}" for p in manifest["pieces"] for n in [*p["files"], *p.get("links", {})]
+    return [f"{p['folder']}/{n}" for p in manifest["pieces"]
+            for n in [*p["files"], *p.get("links", {}), *p.get("hardlinks", {})]
             if not (root / p["folder"] / n).exists()]
