@@ -9,7 +9,7 @@ it has none; ``Gt`` on ``nvidia.com/gpu.memory`` keeps small GPUs out.
 
 import pytest
 
-from gpuproof.cluster.churn import ForeignPods
+from gpuproof.cluster.churn import ForeignPods, fill_done, taken_away
 from gpuproof.discovery.nodes import BYTES_FROM
 from gpuproof.plugin.checks import TOLERATE_ALL, free_on, one_device, pod, pod_outcome, settled, used_on
 
@@ -44,9 +44,18 @@ def _shown(selector: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
 
 
-def _land(run, scratch, target, name, manifest):
+def _land(run, scratch, target, name, manifest, taken=None):
+    """The pod once placed or refused. ``taken(names)``, for a pod that takes a GPU: called (a check's skip) when
+    the pod is taken away while it waits (preempted by other people's pods, or deleted), instead of waiting out the
+    deadline into a failure (issue #41 item 5)."""
     scratch.create(manifest)
-    return run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused by the scheduler")
+    how, got = run.wait_pods(fill_done([name], settled), target.timeouts.pod_placed,
+                             f"pod {run.namespace}/{name} to be placed or refused by the scheduler")
+    if how == "taken":
+        if taken is not None:
+            taken(got)
+        raise AssertionError(f"pod {run.namespace}/{name} was taken away before the scheduler placed it")
+    return got[name]
 
 
 @pytest.mark.creates("Pod", "selector-{slug}", requests="{device}", note="nodeSelector on the product's labels")
@@ -55,7 +64,8 @@ def test_node_selector_by_product(gpu_product, discovery, run, scratch, target, 
     selector, churn = _selector(nodes, check, "node-selector-product", run, target)
     name = "selector-" + gpu_product.lower().replace(".", "-")[:50]
     p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), node_selector=selector,
-                                              tolerations=TOLERATE_ALL))
+                                              tolerations=TOLERATE_ALL),
+              lambda t: check.skip("node-selector-product", taken_away(churn, _shown(selector), t)))
     landed = discovery.node(p.spec.node_name).product if p.spec.node_name in {n.name for n in
                                                                               discovery.gpu_nodes} else None
     check.equal("node-selector-product", gpu_product, landed if p.status.phase == "Running" else pod_outcome(p),
@@ -71,7 +81,8 @@ def test_required_affinity_by_product(gpu_product, discovery, run, scratch, targ
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": _match(selector)}]}}}
     p = _land(run, scratch, target, name, pod(name, one_device(nodes[0]), affinity=affinity,
-                                              tolerations=TOLERATE_ALL))
+                                              tolerations=TOLERATE_ALL),
+              lambda t: check.skip("required-affinity-product", taken_away(churn, _shown(selector), t)))
     landed = discovery.node(p.spec.node_name).product if p.status.phase == "Running" else pod_outcome(p)
     check.equal("required-affinity-product", gpu_product, landed,
                 what=f"product of the node a required-affinity ({_shown(selector)}) pod landed on",
@@ -104,7 +115,8 @@ def test_preferred_affinity_fills_then_falls_back(discovery, run, scratch, targe
     for i in range(slots + 1):
         name = f"preferred-{i}"
         p = _land(run, scratch, target, name, pod(name, {"nvidia.com/gpu": 1}, affinity=affinity,
-                                                  tolerations=TOLERATE_ALL))
+                                                  tolerations=TOLERATE_ALL),
+                  lambda t: check.skip("preferred-affinity", taken_away(churn, _shown(selector), t)))
         node = p.spec.node_name if p.status.phase == "Running" else None
         placed.append(discovery.node(node).product if node in {n.name for n in discovery.gpu_nodes}
                       else pod_outcome(p))
