@@ -28,7 +28,8 @@ from __future__ import annotations
 import pytest
 
 from gpuproof.discovery import access, dra
-from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes
+from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, free_on
+from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "access"
 TEMPLATE = "access-one"
@@ -86,6 +87,15 @@ def manifest(run, node, test: str, labels: dict) -> dict:
     return pod
 
 
+def free_gpus(target, node) -> int:
+    """How many of the node's GPUs no other pod holds (its extended resource, or its DRA devices no claim holds)."""
+    r = resource(node)
+    if r:
+        return free_on(target.cluster, node, r)
+    taken = dra.allocated_devices(target.cluster)
+    return sum(1 for d in node.dra_devices or [] if d.type == "gpu" and (d.pool, d.name) not in taken)
+
+
 def claim_uuids(run, pod, discovery) -> tuple[list[str] | None, list[str], str]:
     """(UUIDs of the devices the pod's claims were allocated, the claims' names, why no UUIDs)."""
     devices = {(d.pool, d.name): d for d in discovery.dra_devices or []}
@@ -122,8 +132,11 @@ def node_work(run, target, discovery, test: str):
         from gpuproof.bench import workloads
         from gpuproof.bench.base import applied, ensure_configmap
 
+        granting = any(g for _, g, _ in PODS[test][1])
+        if granting and free_gpus(target, node) < 1:      # only free GPUs are taken: other people's pods hold them
+            raise NodeSkip(CHECKS[test], f"{node.name} has no free GPU: other pods hold them all")
         ensure_configmap(run)
-        claimed = resource(node) is None and any(g for _, g, _ in PODS[test][1])
+        claimed = resource(node) is None and granting
         if claimed:
             _, err = run.try_apply(dra.claim_template(TEMPLATE, [dra.request("gpu", dra.GPU_CLASS, 1)]))
             if err is not None and getattr(err, "status", None) != 409:
@@ -169,7 +182,11 @@ def judge(test: str, node, out: dict, check) -> None:
 
 
 def _run(test: str, gpu_node, run, target, discovery, check, fanout, request) -> None:
-    judge(test, gpu_node, outcome(test, gpu_node, run, target, discovery, fanout, request), check)
+    try:
+        out = outcome(test, gpu_node, run, target, discovery, fanout, request)
+    except NodeSkip as skip:
+        check.skip(skip.check, skip.reason)
+    judge(test, gpu_node, out, check)
 
 
 # no places_pods mark: it would leave DRA-only nodes out (needs_real_gpus leaves out the nodes unfit for pods)

@@ -166,6 +166,25 @@ def test_a_claim_names_the_allocated_gpu(tmp_path, monkeypatch):
     assert records2[0]["verdict"] == "pass"
 
 
+def test_a_node_whose_gpus_others_hold_skips_saying_so(tmp_path, monkeypatch):
+    module = suite()
+    node = gpu_node()
+    monkeypatch.setattr(module, "free_on", lambda cluster, n, r: 0)
+    work = module.node_work(None, SimpleNamespace(cluster=None), None, "PositiveAccessTest")
+    with pytest.raises(module.NodeSkip, match=f"{NODE} has no free GPU: other pods hold them all"):
+        work(node, None)
+
+    def held(*a):
+        raise module.NodeSkip("access-granted-one-gpu", f"{NODE} has no free GPU: other pods hold them all")
+
+    monkeypatch.setattr(module, "outcome", held)
+    checker = Checker(RunDir(tmp_path / "run"), module.FEATURE, known_nodes={node.name: node})
+    with pytest.raises(pytest.skip.Exception, match="other pods hold them all"):
+        module.TestSecureAcceleratorAccess().test_PositiveAccessTest(
+            gpu_node=node, run=None, target=None, discovery=None, check=checker, needs_real_gpus=None, fanout=None,
+            request=None)
+
+
 def test_pods_and_claims_as_the_suite_makes_them():
     """The pods' shape: pinned to the node, every taint tolerated, only the granted container holds the grant
     (the extended resource, or the claim from the template on a DRA-only node)."""
