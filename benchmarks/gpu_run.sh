@@ -48,5 +48,17 @@ bench hbm 90
 step sampler 60 $PY benchmarks/sampler_overhead.py --seconds 10 --hz 10 --json "$out/sampler.json"
 if [ -f .whl/nvml_calls.py ]; then step nvml_calls 30 $PY .whl/nvml_calls.py; fi
 bench inference "${GPU_RUN_INFERENCE_S:-240}"
-(cd "$REPORTS" && tar czf - gpu-* 2>/dev/null) >"$out/reports.tgz"
+# the embedded cluster over this machine's GPUs (issue #42 item 4; at most 7.5 minutes of the machine):
+# GPU_RUN_STEPS="bundle gpu-host" runs just these. The bundle (`gpuproof sim bundle -o FILE` where Go is, carried
+# beside the repository) is installed into the build cache, so nothing is built here; then the gpu-host fleet (one
+# kubelet node over this machine's driver and GPUs) runs the suite with the benchmarks, its records in gpu-host/.
+BUNDLE=${GPU_RUN_BUNDLE:-gpuproof-bundle.tar.xz}
+if [ -f "$BUNDLE" ]; then
+    step bundle 90 $PY -m gpuproof sim install "$BUNDLE"
+else
+    step bundle 5 sh -c "echo 'no bundle at $BUNDLE (GPU_RUN_BUNDLE names it): gpu-host needs Go without one'; exit 1"
+fi
+step gpu-host "${GPU_RUN_GPU_HOST_S:-360}" $PY -m gpuproof run --fleet gpu-host --bench --report-dir "$REPORTS" \
+    --run-id gpu-host
+(cd "$REPORTS" 2>/dev/null && tar czf - gpu-* 2>/dev/null) >"$out/reports.tgz"
 echo "=== $(date +%T) done" | tee -a "$log"

@@ -489,7 +489,12 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
 
 
 def load_fleet(path: str | os.PathLike) -> Fleet:
-    """Read and validate a fleet file. A bare name like ``mixed`` means a shipped fleet."""
+    """Read and validate a fleet file. A bare name like ``mixed`` means a shipped fleet; ``gpu-host`` is this
+    machine's own GPUs (:mod:`gpuproof.sim.gpuhost`)."""
+    if str(path) == "gpu-host" and not Path(path).exists():
+        from .gpuhost import fleet
+
+        return fleet()
     p = resolve_fleet_path(path)
     try:
         text = p.read_text()
