@@ -1,13 +1,16 @@
-"""The access suite (``secure_accelerator_access``) on kubelet nodes (issue #38 items 1-2), through ``gpuproof run``.
+"""The access suite (``secure_accelerator_access``) with NVIDIA's container toolkit as the runtime (issue #38 item 2),
+through ``gpuproof run``.
 
-One fleet, one run: a node whose GPUs NVIDIA's device plugin grants (runc), one whose GPUs NVIDIA's DRA driver grants
-by claims (containerd 1.7 with CDI), and two whose runtime is NVIDIA's container toolkit v1.19.0
-(``nvidia-container-runtime``, gpuproof/sim/kubelet_toolkit.py): ``a100-tk-0`` set up as NVIDIA recommends
+Two kubelet nodes whose runtime is NVIDIA's container toolkit v1.19.0 (``nvidia-container-runtime``,
+gpuproof/sim/kubelet_toolkit.py): ``a100-tk-0`` set up as NVIDIA recommends
 (``accept-nvidia-visible-devices-envvar-when-unprivileged = false``), ``a100-tk-1`` with the toolkit's own default
 ``true``, so the runtime hands a pod without a grant every GPU its ``NVIDIA_VISIBLE_DEVICES=all`` asks for. The fault
 is the toolkit's own switch in its config.toml; the device files and the GPUs NVML lists in the pod are what the
 toolkit's CDI edits gave it. Only ``access-envvar-none`` fails, on ``a100-tk-1`` only, naming the pod, the grant and
-the GPUs it reached (both UUIDs, both device files); every other check passes on every node.
+the GPUs it reached (both UUIDs, both device files); every other check passes on both nodes.
+
+The suite on runc nodes granted by NVIDIA's device plugin (time-sliced too) and on a DRA node granted by claims runs
+in the lab fleet's whole-suite run (tests/test_kubelet_pods.py), every check passing there.
 """
 
 from __future__ import annotations
@@ -22,13 +25,10 @@ needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
 ENVVAR = "accept-nvidia-visible-devices-envvar-when-unprivileged"
 A100 = {"product": "NVIDIA-A100-SXM4-40GB", "count": 2}
 FLEET = {"name": "kaccess", "pools": [
-    {"name": "a100", "count": 1, "backend": "kubelet", "instanceType": "a2-highgpu-2g", "gpu": A100},
-    {"name": "a100-dra", "count": 1, "backend": "kubelet", "instanceType": "a2-highgpu-2g", "offer": "dra",
-     "gpu": A100},
     {"name": "a100-tk", "count": 2, "backend": "kubelet", "instanceType": "a2-highgpu-2g", "gpu": A100,
      "faults": [{"node": 0, "containerToolkit": {}}, {"node": 1, "containerToolkit": {ENVVAR: True}}]},
 ]}
-NODES = ("a100-0", "a100-dra-0", "a100-tk-0", "a100-tk-1")
+NODES = ("a100-tk-0", "a100-tk-1")
 CHECKS = ("access-granted-one-gpu", "access-ungranted-none", "access-envvar-none", "access-sibling-none")
 NONE = "no GPU: no /dev/nvidia<N>, none listed by NVML"
 # case: (the node's fault, [(check, node, expected, words of the actual)] that must fail): tests/test_check_coverage.py
@@ -50,16 +50,17 @@ def uuids(node: str) -> list[str]:
 def test_the_toolkit_node_is_a_fleet_setting_of_device_plugin_nodes():
     from gpuproof.errors import FleetError
 
-    pool = parse_fleet(FLEET, source="kaccess.yaml").pools[2]
+    pool = parse_fleet(FLEET, source="kaccess.yaml").pools[0]
     assert pool.container_toolkit(0) == {} and pool.container_toolkit(1) == {ENVVAR: True}
-    assert parse_fleet(FLEET, source="kaccess.yaml").pools[0].container_toolkit(0) is None
-    kwok = {**FLEET["pools"][2], "backend": "kwok"}
+    plain = {**FLEET["pools"][0], "faults": []}
+    assert parse_fleet({"name": "x", "pools": [plain]}, source="x.yaml").pools[0].container_toolkit(0) is None
+    kwok = {**FLEET["pools"][0], "backend": "kwok"}
     with pytest.raises(FleetError, match=r"faults\[0\].containerToolkit: is for kubelet nodes"):
         parse_fleet({"name": "x", "pools": [kwok]}, source="x.yaml")
-    dra = {**FLEET["pools"][2], "offer": "dra"}
+    dra = {**FLEET["pools"][0], "offer": "dra"}
     with pytest.raises(FleetError, match=r"containerToolkit: is for GPU nodes that offer their GPUs through"):
         parse_fleet({"name": "x", "pools": [dra]}, source="x.yaml")
-    bad = {**FLEET["pools"][2], "faults": [{"containerToolkit": {"accept-everything": True}}]}
+    bad = {**FLEET["pools"][0], "faults": [{"containerToolkit": {"accept-everything": True}}]}
     with pytest.raises(FleetError, match=r"containerToolkit.accept-everything: not a top-level setting"):
         parse_fleet({"name": "x", "pools": [bad]}, source="x.yaml")
 
@@ -100,8 +101,6 @@ def test_access_suite_on_kubelet_nodes_and_the_toolkits_own_fault(tmp_path):
     assert all(u in rec["actual"] for u in uuids("a100-tk-1")), rec
     assert "container ungranted-env-all on a100-tk-1, granted nothing with NVIDIA_VISIBLE_DEVICES=all" in \
         rec["message"] and rec["message"] in out
-    dra = got[("access-granted-one-gpu", "a100-dra-0")]
-    assert "ResourceClaimTemplate access-one" not in dra["actual"] and dra["actual"].startswith("1 GPU: /dev/nvidia")
     junit = (run / "junit.xml").read_text()
     for sub in ("PositiveAccessTest", "NegativeIsolationTest", "EnvVarIsolationTest", "MultiContainerIsolationTest"):
-        assert f'classname="suites.test_access.TestSecureAcceleratorAccess" name="test_{sub}[a100-dra-0]"' in junit
+        assert f'classname="suites.test_access.TestSecureAcceleratorAccess" name="test_{sub}[a100-tk-1]"' in junit

@@ -206,33 +206,6 @@ def test_driver_check_fails_on_its_fault(tmp_path, monkeypatch, case):
 # ---------------------------------------------------------------------------- on kubelet nodes over NVIDIA's mock NVML
 
 
-KUBELET_FLEET = {"name": "kdriver", "defaults": {"gpu": {"driverVersion": "550.163.01", "cudaVersion": "12.4"}},
-                 "pools": [
-                     {"name": "a100", "count": 1, "backend": "kubelet", "instanceType": "a2-highgpu-1g",
-                      "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1}},
-                     {"name": "a100-dra", "count": 1, "backend": "kubelet", "instanceType": "a2-highgpu-2g",
-                      "offer": "dra", "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 2}}]}
-
-
-@pytest.mark.sim
-@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
-def test_pods_get_the_advertised_driver_on_kubelet_nodes(tmp_path):
-    """A probe pod granted a GPU by NVIDIA's device plugin, and one granted a GPU by a claim on NVIDIA's DRA driver,
-    read through the mock NVML the driver version and CUDA driver version GFD labelled and the DRA driver published,
-    every node's probe at once (the fan-out). A lying label on a kubelet node (fleet fault ``labelsOverGfd``, set over
-    GFD's) fails the check: tests/test_kubelet_faults.py."""
-    from test_kubelet_pods import NEEDS, gpuproof_run, records
-
-    if NEEDS:
-        pytest.skip(NEEDS)
-    path = tmp_path / "kdriver.yaml"
-    path.write_text(yaml.safe_dump(KUBELET_FLEET))
-    proc, run = gpuproof_run(tmp_path, "--fleet", str(path), "-k", "test_pod_gets_the_advertised_driver")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    got = {(r["check"], r["target"]): (r["verdict"], str(r["actual"])) for r in records(run, "checks.jsonl")
-           if r["feature"] == "driver"}
-    for node in ("a100-0", "a100-dra-0"):
-        assert got[("driver-version-in-pod", node)] == ("pass", "550.163.01"), got
-        assert got[("cuda-driver-version-in-pod", node)] == ("pass", "12.4"), got
-        assert got[("driver-version-advertised", node)][0] == "pass", got
-    assert "DRA driverVersion of gpu-0, gpu-1=550.163.1" in got[("driver-version-advertised", "a100-dra-0")][1]
+# On kubelet nodes (NVIDIA's device plugin and DRA driver granting the probe pod its GPU) the driver suite runs in
+# the lab fleet's whole-suite run: tests/test_kubelet_pods.py::test_the_whole_suite_passes_on_lab_with_its_pod_paths.
+# A lying label there: tests/test_kubelet_faults.py ("driver-label-set-over-gfds").
