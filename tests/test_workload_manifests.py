@@ -34,7 +34,8 @@ def test_configmap_holds_every_workload_file():
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == wl.CONFIGMAP_NAME
     files = {p.name for p in wl.WORKLOADS_DIR.iterdir() if p.suffix in (".py", ".md")}
     assert files <= set(cm["data"])
-    for needed in ("probe.py", "matmul.py", "allreduce.py", "inference_server.py", "loadgen.py",
+    for needed in ("probe.py", "matmul.py", "allreduce.py", "inference_server.py", "loadgen.py", "loadgen_server.py",
+                   "loadgen_stats.py", "loadgen_senders.py", "loadgen_search.py",
                    "locustfile.py", "nvml_sampler.py", "workload_common.py"):
         assert needed in cm["data"]
     assert cm["data"]["matmul.py"] == (wl.WORKLOADS_DIR / "matmul.py").read_text()
