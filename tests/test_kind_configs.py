@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuproof.plugin.providers import config_cluster_name, setup_script
+from gpuproof.plugin.choice import config_cluster_name
+from gpuproof.plugin.throwaway import setup_script
 from gpuproof.tools import for_test
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Clusters chosen the pytest-kubernetes way (gpuproof/plugin/providers.py).
+"""Clusters chosen the pytest-kubernetes way (gpuproof/plugin/choice.py, throwaway.py and providers.py).
 
 - which options choose which cluster, and the one-line refusals of conflicting ones;
 - a plain pytest project (no conftest, gpuproof only installed) asking for pytest-kubernetes's ``k8s``
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuproof.plugin.providers import EMBEDDED, EXTERNAL, ProviderChoiceError, choose
+from gpuproof.plugin.choice import EMBEDDED, EXTERNAL, ProviderChoiceError, choose
 from gpuproof.tools import for_test
 
 

@@ -8,8 +8,7 @@ from typing import Any, Callable
 import pytest
 
 from ..errors import GpuproofError
-from .providers import stop_session
-from .target import REAL_GPU_REASON, Target, get_target
+from .target import REAL_GPU_REASON, Target, get_target, stop_session
 from ..results import CheckRecord, RunDir
 
 

@@ -10,8 +10,7 @@ import pytest
 import urllib3
 
 from ..errors import ApiGone, ApiUnreachable, GpuproofError, NodeLost, one_line
-from .providers import stop_session
-from .target import REAL_GPU_REASON, get_target, started_target
+from .target import REAL_GPU_REASON, get_target, started_target, stop_session
 from .checks import Pool
 
 

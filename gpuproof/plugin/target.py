@@ -49,9 +49,9 @@ class Target:
         self.cut_short = ""          # what of the cluster cut the run short ('' while it answers)
         self.api_gone = False        # the API server taken as gone (nothing for the API deadline, or at cleanup)
         opt = config.getoption
-        from .providers import choose
+        from .choice import choose
 
-        # pytest-kubernetes's --k8s-provider/--k8s-kubeconfig, or gpuproof's --kubeconfig/--context (providers.py)
+        # pytest-kubernetes's --k8s-provider/--k8s-kubeconfig, or gpuproof's --kubeconfig/--context (choice.py)
         self.choice = choose(opt)
         self.real = self.choice.real
         self.run_id = opt("--run-id") or new_run_id()
@@ -299,9 +299,9 @@ def get_target(config: pytest.Config) -> Target:
     return config.stash[_KEY]
 
 
-# ---------------------------------------------------------------------------- parametrization
-
-
-# ---------------------------------------------------------------------------- fixtures
+def stop_session(exc: GpuproofError):
+    """A target that cannot be used ends the session in one line, not in an error for every module or
+    test that needs it (pytest interrupts, exit status 2, and cleans up as after Ctrl-C)."""
+    raise pytest.Session.Interrupted(f"gpuproof cannot use its target cluster: {exc}") from None
 
 
