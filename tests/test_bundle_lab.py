@@ -1,0 +1,73 @@
+"""The bundle on a machine without Go (issue #42 item 3): the bundle `gpuproof sim bundle` writes, installed into a
+clean cache by ``GPUPROOF_BUNDLE`` with ``go`` (and gcc, cc, make) hidden from PATH, brings up the ``lab`` fleet: its
+control plane, kwok node, kubelet nodes (containerd 1.7 on the DRA node), NVIDIA's device plugin, GFD and DRA driver,
+NFD and CoreDNS all come from the bundle, and ``gpuproof run --fleet lab`` is green on it.
+
+The bundle is made once per session (several minutes of xz on 2 cores) unless ``GPUPROOF_TEST_BUNDLE`` names one
+already made from this checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuproof.sim import kubelet
+
+NEEDS = kubelet.missing()
+HIDDEN = ("go", "gofmt", "gcc", "cc", "make")          # what building from source needs
+
+
+def path_without_build_tools(tmp_path: Path) -> str:
+    """A PATH holding links to every program of this one but the build tools."""
+    shadow = tmp_path / "path"
+    shadow.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not folder or not Path(folder).is_dir():
+            continue
+        for exe in Path(folder).iterdir():
+            if exe.name in HIDDEN or (shadow / exe.name).exists() or not os.access(exe, os.X_OK):
+                continue
+            (shadow / exe.name).symlink_to(exe.resolve() if exe.is_symlink() else exe)
+    return str(shadow)
+
+
+@pytest.fixture(scope="module")
+def made_bundle(tmp_path_factory) -> Path:
+    given = os.environ.get("GPUPROOF_TEST_BUNDLE")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("bundle") / "gpuproof-bundle.tar.xz"
+    subprocess.run([sys.executable, "-m", "gpuproof", "sim", "bundle", "-o", str(out)], check=True, timeout=3600)
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.kubelet  # tier: `gpuproof run --fleet lab` as a process, kubelet nodes
+@pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
+def test_lab_is_green_from_the_bundle_without_go(made_bundle, tmp_path):
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROOF_KUBE", "GPUPROOF_NVIDIA_DIR"))}
+    env.update(GPUPROOF_CACHE=str(cache), GPUPROOF_BUNDLE=str(made_bundle), PATH=path_without_build_tools(tmp_path))
+    for var in ("GPUPROOF_BIN_DIR", "KUBEBUILDER_ASSETS", "GPUPROOF_ETCD", "GPUPROOF_KWOK", "GPUPROOF_KUBELET",
+                "GPUPROOF_COREDNS"):
+        env.pop(var, None)
+    probe = subprocess.run([sys.executable, "-c", "import shutil; print([shutil.which(t) for t in "
+                            f"{list(HIDDEN)!r}])"], env=env, capture_output=True, text=True)
+    assert probe.stdout.strip() == str([None] * len(HIDDEN)), probe.stdout
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "gpuproof", "run", "--fleet", "lab", "--report-dir",
+                           str(tmp_path / "reports"), "-k", "discovery or nodes or advertisement or labels or health"
+                           " or driver or dra"], env=env, capture_output=True, text=True, timeout=1800)
+    took = time.monotonic() - t0
+    out = proc.stdout[-5000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, f"gpuproof run --fleet lab from the bundle failed:\n{out}"
+    assert "installed" in proc.stderr and "building" not in proc.stderr, proc.stderr[-3000:]
+    for folder in ("controlplane", "nvidia", "images"):
+        assert (cache / folder).is_dir()
+    print(f"lab from the bundle, install included: {took:.0f}s", file=sys.stderr)
