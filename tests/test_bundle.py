@@ -32,7 +32,8 @@ def _write(path: Path, data: bytes = b"#!/bin/sh\necho stand-in\n", mode: int = 
 def fill_cache() -> None:
     """Stand-ins for everything a build from source leaves in the cache ($GPUPROOF_CACHE)."""
     where = bundle.folders()
-    multi = binaries.module_cache(bundle.MULTICALL[0], binaries.LDFLAGS["kube"]) / bundle.MULTICALL[1]
+    multi = binaries.module_cache(bundle.MULTICALL[0], bundle.multicall_ldflags(),
+                                  *(f"{k}={v}" for k, v in sorted(bundle.MULTICALL_ENV.items()))) / bundle.MULTICALL[1]
     _write(multi, b"\x7fELF multi-call " * 64)
     for name in bundle.KUBE_NAMES:
         _write(where["kube"] / name, f"separate {name}".encode())
@@ -86,6 +87,9 @@ def test_an_installed_bundle_is_found_by_every_lookup_without_go(no_go):
     # the Kubernetes programs are one multi-call executable, a hard link under each name
     assert len({(kube / n).stat().st_ino for n in bundle.KUBE_NAMES}) == 1
     assert (kube / "kube-apiserver").read_bytes().startswith(b"\x7fELF multi-call")
+    for program in ("nfd-master", "coredns"):          # served by it too, from their own cache folders
+        folder = bundle.folders()["nfd" if program == "nfd-master" else "coredns"]
+        assert (folder / program).stat().st_ino == (kube / "kubelet").stat().st_ino
     assert kubelet.kubelet_binary() == kube / "kubelet"
     assert clusternet.kube_proxy_binary() == kube / "kube-proxy"
     assert clusternet.addon_manifest() == "kind: ConfigMap\n"
@@ -158,6 +162,6 @@ def test_bad_bundles_are_refused_in_one_line(no_go, tmp_path, capsys):
     assert "was made by another gpuproof" in err and "controlplane/kube-0000000000000000" in err, err
     _rewrite(out, tmp_path / "damaged.tar.xz", lambda n, d: d[:-1] + b"!" if n.endswith("/kwok") else d)
     assert "kwok is missing or damaged in the bundle" in _refused(tmp_path / "damaged.tar.xz", capsys)
-    _rewrite(out, tmp_path / "short.tar.xz", lambda n, d: None if n.endswith("/nfd-master") else d)
-    assert "nfd-master is missing or damaged" in _refused(tmp_path / "short.tar.xz", capsys)
+    _rewrite(out, tmp_path / "short.tar.xz", lambda n, d: None if n.endswith("/nfd-api-crds.yaml") else d)
+    assert "nfd-api-crds.yaml is missing or damaged" in _refused(tmp_path / "short.tar.xz", capsys)
     assert not any((Path(os.environ["GPUPROOF_CACHE"]) / "controlplane").glob("kwok-*/kwok"))   # nothing half-done

@@ -6,12 +6,12 @@ on first use) unpacks it into gpuproof's build cache, into the very folders a bu
 :func:`gpuproof.sim.images.images_dir`), so every lookup finds its piece there and neither Go nor a network is
 needed: ``gpuproof sim up`` and ``gpuproof run`` then start as on the machine that built it.
 
-What it holds (:data:`PIECES`): the control plane and the kubelet nodes' Kubernetes programs as one multi-call
-executable (``controlplane/bundle``: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
-kube-proxy share their packages once; installed as hard links under each name), kwok, NFD's nfd-master and its
-CRDs, CoreDNS and Kubernetes' addon manifest for it, containerd 1.7 and its runc shim with NVIDIA's
-nvidia-cdi-hook (DRA nodes), NVIDIA's device plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles,
-``dprelay`` and ``nvml-mock-ctl``, and the pause image (which needs a static C compiler). The other images are
+What it holds (:func:`gather`): one multi-call executable (``controlplane/bundle``: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kubelet, kube-proxy, NFD's nfd-master and CoreDNS share their packages
+once; installed as hard links under each name, in each program's own cache folder), NFD's CRDs and Kubernetes'
+CoreDNS addon manifest, kwok, containerd 1.7 and its runc shim with NVIDIA's nvidia-cdi-hook (DRA nodes),
+NVIDIA's device plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles, ``dprelay`` and ``nvml-mock-ctl``,
+and the pause image (which needs a static C compiler). The other images are
 made from these programs on first use, as after a build. The host still provides what kubelet nodes run beside
 them (:func:`gpuproof.sim.kubelet.missing` says what is missing in one line): root, cgroup v1, containerd with
 runc and ``ctr`` for nodes without DRA, the CNI plugins, iptables, ip, nsenter and unshare.
@@ -48,7 +48,14 @@ LIMIT_MIB = 56                  # the bundle and the repository fit in 64 MiB (i
 ENV = "GPUPROOF_BUNDLE"
 MULTICALL = ("bundle", "gpuproof-kube", "./cmd/gpuproof-kube")     # module, executable, package
 KUBE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
-MULTICALL_SERVES = KUBE_NAMES            # the programs controlplane/bundle's executable is
+MULTICALL_SERVES = (*KUBE_NAMES, "nfd-master", "coredns")      # the programs controlplane/bundle's executable is
+MULTICALL_ENV = {"CGO_ENABLED": "0"}      # static: it is CoreDNS's image's program too
+
+
+def multicall_ldflags() -> str:
+    from .kubelet import NFD_LDFLAGS
+
+    return _binaries.LDFLAGS["kube"] + " " + NFD_LDFLAGS.replace("-s -w ", "")
 
 
 def _quiet(msg: str) -> None:
@@ -95,9 +102,11 @@ def folders() -> dict[str, Path]:
 
 
 def multicall(progress: Progress = _quiet) -> Path:
-    """The multi-call executable of the Kubernetes components (built from ``controlplane/bundle`` on first use)."""
+    """The multi-call executable of the Kubernetes programs, nfd-master and CoreDNS (``controlplane/bundle``, built
+    on first use)."""
     module, name, package = MULTICALL
-    return _binaries.go_build(module, {name: package}, ldflags=_binaries.LDFLAGS["kube"], progress=progress) / name
+    return _binaries.go_build(module, {name: package}, ldflags=multicall_ldflags(), env=MULTICALL_ENV,
+                              progress=progress) / name
 
 
 def gather(progress: Progress = _quiet) -> list[Piece]:

@@ -1,12 +1,17 @@
-// Command gpuproof-kube is one executable for the Kubernetes components of gpuproof's embedded cluster, as
-// hyperkube (Kubernetes up to 1.17) and k3s are: etcd, kube-apiserver, kube-controller-manager,
-// kube-scheduler, kubelet and kube-proxy, each exactly the upstream command (the same constructors the
-// upstream main packages call, from the versions pinned in go.mod, which are controlplane/kube's), sharing
-// the packages they have in common once. gpuproof's bundle (gpuproof/sim/bundle.py) ships it, so that a
-// machine without Go runs the embedded cluster.
+// Command gpuproof-kube is one executable for the Kubernetes-side programs of gpuproof's embedded cluster, as
+// hyperkube (Kubernetes up to 1.17) and k3s are: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+// kubelet and kube-proxy (Kubernetes v1.35.4, etcd v3.6.5: the upstream commands' own constructors), NFD's
+// nfd-master v0.19.0 (its main, copied) and CoreDNS v1.14.7 with the plugins the cluster's Corefile uses, sharing
+// the packages they have in common once. gpuproof's bundle (gpuproof/sim/bundle.py) ships it, so that a machine
+// without Go runs the embedded cluster. Built with CGO_ENABLED=0: static, so it runs in CoreDNS's image too.
 //
-// It runs the component its name says (argv[0], as a hard link named after the component), or the one
-// its first argument names: `gpuproof-kube kube-apiserver --help`.
+// go.mod: controlplane/kube's pins, raised where nfd-master and CoreDNS ask more (gRPC 1.83.0, Prometheus' client
+// 1.24.1, ...), with etcd's api and client kept at etcd's own v3.6.5 and opencontainers' cgroups and runtime-spec
+// at the kubelet's (v0.0.3, v1.2.1: the kubelet v1.35.4 does not build with cgroups v0.0.6). kwok stays on its
+// own: v0.7.0 does not build against apimachinery v0.35 (metav1.InitialEventsListBlueprintAnnotationKey).
+//
+// It runs the program its name says (argv[0], a hard link named after the program), or the one its first
+// argument names: `gpuproof-kube kube-apiserver --help`.
 package main
 
 import (
@@ -54,6 +59,8 @@ var components = map[string]func([]string) int{
 		return kubelet.NewKubeletCommand(context.Background())
 	}),
 	"kube-proxy": kube(proxy.NewProxyCommand),
+	"nfd-master": nfdMasterMain,
+	"coredns":    corednsMain,
 }
 
 func main() {
