@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if args.command in ("run", "sim") and os.environ.get("GPUPROOF_BUNDLE"):
+            from ..sim import bundle       # the embedded cluster's programs, installed into the cache once
+
+            bundle.from_env(lambda msg: print(f"[gpuproof] {msg}", file=sys.stderr, flush=True))
         return int(args.func(args) or 0)
     except GpuproofError as exc:
         print(f"gpuproof: error: {exc}", file=sys.stderr)

@@ -5,8 +5,8 @@ Each binary is looked up, in order, in:
 1. an environment variable naming it (``GPUPROOF_KUBE_APISERVER=/path/kube-apiserver``, ...),
 2. ``$GPUPROOF_BIN_DIR``, then ``$KUBEBUILDER_ASSETS`` (the envtest convention),
 3. gpuproof's build cache (``$GPUPROOF_CACHE``, default ``~/.cache/gpuproof``), which a bundle made by
-   ``gpuproof sim bundle`` fills too (``gpuproof sim install FILE``, or ``$GPUPROOF_BUNDLE``: installed before
-   the first lookup; :mod:`gpuproof.sim.bundle`),
+   ``gpuproof sim bundle`` fills too (``gpuproof sim install FILE``, or ``$GPUPROOF_BUNDLE``, which the
+   ``gpuproof run`` and ``gpuproof sim`` commands install first; :mod:`gpuproof.sim.bundle`),
 4. ``PATH``.
 
 Whatever is still missing is built with Go from the modules in ``controlplane/``, which pin
@@ -149,7 +149,6 @@ def _is_exe(p: Path) -> bool:
 
 def locate(build_missing: bool = True, progress: Progress | None = None) -> Binaries:
     """Find every binary; build the missing ones when allowed. Raises ControlPlaneError."""
-    from_bundle(progress)
     found: dict[str, Path] = {}
     sources: dict[str, str] = {}
     dirs = [(os.environ.get("GPUPROOF_BIN_DIR"), "$GPUPROOF_BIN_DIR"),
@@ -181,14 +180,6 @@ def locate(build_missing: bool = True, progress: Progress | None = None) -> Bina
         for name, path in build(missing, progress=progress).items():
             found[name], sources[name] = path, "build cache (just built)"
     return Binaries(found, sources)
-
-
-def from_bundle(progress: Progress | None = None) -> None:
-    """Install ``$GPUPROOF_BUNDLE`` into the cache once, before the first lookup (:mod:`gpuproof.sim.bundle`)."""
-    if os.environ.get("GPUPROOF_BUNDLE"):
-        from . import bundle
-
-        bundle.from_env(progress or _quiet)
 
 
 # ---------------------------------------------------------------------------- build
@@ -230,7 +221,6 @@ def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict
     Safe against concurrent calls: a second builder waits for the first, then finds the binaries."""
     progress = progress or _quiet
     env = env or {}
-    from_bundle(progress)
     out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())))
     if not force and all(_is_exe(out / n) for n in packages):
         return out                          # built before, or installed from a bundle: no Go needed

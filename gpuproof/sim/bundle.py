@@ -1,8 +1,8 @@
 """Everything the embedded cluster needs that is not Python, in one file (issue #42).
 
 ``gpuproof sim bundle -o FILE`` writes it; ``gpuproof sim install FILE`` (or ``GPUPROOF_BUNDLE=FILE``, installed
-on first use) unpacks it into gpuproof's build cache, into the very folders a build from source fills
-(:func:`gpuproof.sim.binaries.module_cache`, :func:`gpuproof.sim.nvidia.cache_dir`,
+by ``gpuproof run`` and ``gpuproof sim`` first) unpacks it into gpuproof's build cache, into the very folders a
+build from source fills (:func:`gpuproof.sim.binaries.module_cache`, :func:`gpuproof.sim.nvidia.cache_dir`,
 :func:`gpuproof.sim.images.images_dir`), so every lookup finds its piece there and neither Go nor a network is
 needed: ``gpuproof sim up`` and ``gpuproof run`` then start as on the machine that built it.
 
@@ -315,7 +315,8 @@ def install(path: Path, progress: Progress = _quiet) -> dict:
 
 
 def from_env(progress: Progress = _quiet) -> None:
-    """Install ``$GPUPROOF_BUNDLE`` once (a no-op when unset or already installed): the lookups call it first."""
+    """Install ``$GPUPROOF_BUNDLE`` once (a no-op when unset or already installed): ``gpuproof run`` and
+    ``gpuproof sim`` call it before anything else."""
     path = os.environ.get(ENV)
     if not path:
         return

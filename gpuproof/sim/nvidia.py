@@ -137,7 +137,6 @@ def cache_dir() -> Path:
 
 def locate(build_missing: bool = True, progress: Progress | None = None) -> NodeSoftware:
     """NVIDIA's node software, built first if it is not in the cache. Raises ControlPlaneError."""
-    _binaries.from_bundle(progress)
     override = os.environ.get("GPUPROOF_NVIDIA_DIR")
     if override:
         sw = NodeSoftware(Path(override))
