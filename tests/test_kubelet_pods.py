@@ -138,3 +138,22 @@ def test_the_whole_suite_passes_on_lab_with_its_pod_paths(tmp_path):
     assert visible == {"a100-0": 2, "l4-shared-0": 1}, f"GPUs NVML shows the probe pod: {visible}"
     util = [m for m in metrics if m["benchmark"] == "utilization" and m["metric"] == "gpu_util_pct_mean"]
     assert util and all(json.loads(m["parameters"]).get("run_mode") == "cluster" for m in util), util[:2]
+    # driver_runtime_management: a probe pod granted a GPU by NVIDIA's device plugin, and by a claim on NVIDIA's DRA
+    # driver, reads through the mock NVML the driver and CUDA driver versions GFD labelled and the DRA driver published
+    got = {(r["check"], r["target"]): (r["verdict"], str(r["actual"])) for r in checks if r["feature"] == "driver"}
+    for node in (*kubelet_gpu_nodes, "a100-dra-0"):
+        assert got[("driver-version-in-pod", node)] == ("pass", "550.163.01"), got
+        assert got[("cuda-driver-version-in-pod", node)] == ("pass", "12.4"), got
+        assert got[("driver-version-advertised", node)][0] == "pass", got
+    assert "DRA driverVersion of gpu-0, gpu-1=550.163.1" in got[("driver-version-advertised", "a100-dra-0")][1]
+    # secure_accelerator_access on runc (device plugin, time-sliced too) and DRA nodes: every check passes, the
+    # granted container reaches exactly its one GPU (tests/test_access_kubelet.py: the toolkit's own fault)
+    access = {(r["check"], r["target"]): r for r in checks if r["feature"] == "access"}
+    access_nodes = (*kubelet_gpu_nodes, "a100-dra-0")
+    assert {k for k, r in access.items() if r["verdict"] == "pass"} == {
+        (c, n) for c in ("access-granted-one-gpu", "access-ungranted-none", "access-envvar-none",
+                         "access-sibling-none") for n in access_nodes}, sorted(access)
+    assert all(access[("access-granted-one-gpu", n)]["actual"].startswith("1 GPU: /dev/nvidia") for n in access_nodes)
+    junit = (run / "junit.xml").read_text()
+    for sub in ("PositiveAccessTest", "NegativeIsolationTest", "EnvVarIsolationTest", "MultiContainerIsolationTest"):
+        assert f'classname="suites.test_access.TestSecureAcceleratorAccess" name="test_{sub}[a100-dra-0]"' in junit
