@@ -16,9 +16,10 @@ import pytest
 from gpuproof.cluster.churn import ForeignPods, fill_done, taken_away
 from gpuproof.discovery import dra
 from gpuproof.cluster.api import WaitTimeout
+from gpuproof.cluster.conditions import pod_done, pod_running, pod_scheduled, wait_for
 from gpuproof.errors import ApiUnreachable
 from gpuproof.plugin.checks import for_nodes
-from gpuproof.plugin.checks import TOLERATE_ALL, pod, pod_outcome, settled
+from gpuproof.plugin.checks import TOLERATE_ALL, pod, pod_outcome, pod_settled, settled
 
 FEATURE = "dra"
 GPU_TYPE = f"device.attributes['{dra.DRIVER}'].type"
@@ -58,7 +59,7 @@ def _claim_pod(name: str, template: str | None = None, claim: str | None = None,
 
 def _placed(run, scratch, target, name: str, manifest: dict, seconds: float = 90):
     scratch.create(manifest)
-    return run.wait_pod(name, settled, target.timeout(seconds), "to be placed or refused")
+    return wait_for(run, name, pod_settled, target.timeout(seconds))
 
 
 def _allocation_ok(run, p, devices, want) -> tuple[bool, str]:
@@ -344,8 +345,8 @@ def test_exhausting_a_node_and_freeing_a_claim(discovery, run, scratch, target, 
         return
     scratch.delete_pod(running[0])
     try:
-        p = run.wait_pod(waiting[0], lambda x: x.status.phase == "Running", target.timeouts.pod_running,
-                         f"to run once pod {running[0]}'s claim is freed")
+        p = wait_for(run, waiting[0], pod_running.named(f"to run once pod {running[0]}'s claim is freed"),
+                     target.timeouts.pod_running)
     except WaitTimeout as exc:  # still waiting: the check's failure, not the test's error
         if isinstance(exc, ApiUnreachable):     # cut by the API server, not ended by time: nothing to judge on
             raise
@@ -379,12 +380,10 @@ def test_container_sees_exactly_its_devices(discovery, run, target, check, needs
     run.apply(dra.use_claims(manifest, template="probe-one"))
     # the claim made from the template is deleted once the pod ends: read its allocation when the pod is bound
     # (the scheduler allocates before it binds; the kubelet then prepares the claim and starts the container)
-    p = run.wait_pod("dra-probe", lambda x: bool(x.spec.node_name), target.timeouts.claim_scheduled,
-                   "to be scheduled")
+    p = wait_for(run, "dra-probe", pod_scheduled, target.timeouts.claim_scheduled)
     want = sorted(devices[(pool, dev)].uuid for c in dra.claims_of_pod(run, p) for _, pool, dev in dra.allocated(c)
                   if (pool, dev) in devices)
-    p = run.wait_pod("dra-probe", lambda x: x.status.phase in ("Succeeded", "Failed"), target.timeouts.pod_done,
-                     "to finish (image pull included)")
+    p = wait_for(run, "dra-probe", pod_done.named("to finish (image pull included)"), target.timeouts.pod_done)
     seen = sorted(nvml_device_ids(workloads.pod_result(run, "dra-probe",
                                                         what=f"probe pod dra-probe ({pod_outcome(p)})")))
     check.equal("dra-probe-uuid", want, seen, what="NVML UUIDs in the pod vs the claim's allocated device",

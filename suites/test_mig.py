@@ -11,8 +11,9 @@ import pytest
 
 from gpuproof.catalog import MIG_NAME, lookup
 from gpuproof.cluster.churn import ForeignPods
+from gpuproof.cluster.conditions import wait_for
 from gpuproof.plugin.checks import for_nodes
-from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, mig_device_checks, pod, pod_outcome, probe_on, settled,
+from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, mig_device_checks, pod, pod_outcome, pod_settled, probe_on,
                                     used_on)
 
 FEATURE = "mig"
@@ -100,13 +101,13 @@ def test_profile_pods_land_only_where_the_profile_exists(discovery, run, scratch
             continue
         name = f"mig-{profile.replace('.', '-')}"
         scratch.create(pod(name, {f"nvidia.com/mig-{profile}": 1}, tolerations=TOLERATE_ALL))
-        p = run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused")
+        p = wait_for(run, name, pod_settled, target.timeouts.pod_placed)
         check.true("mig-placement", p.status.phase == "Running" and p.spec.node_name in nodes,
                    expected=f"running on one of {sorted(nodes)}", actual=pod_outcome(p),
                    what=f"a pod asking nvidia.com/mig-{profile}", target=f"profile/{profile}", churn=churn)
     absent = "7g.999gb"
     scratch.create(pod("mig-absent", {f"nvidia.com/mig-{absent}": 1}, tolerations=TOLERATE_ALL))
-    p = run.wait_pod("mig-absent", settled, target.timeouts.pod_placed, "to be placed or refused")
+    p = wait_for(run, "mig-absent", pod_settled, target.timeouts.pod_placed)
     check.true("mig-absent-profile-waits", pod_outcome(p).startswith("unschedulable"),
                expected=f"Pending: no node has nvidia.com/mig-{absent}", actual=pod_outcome(p),
                what="a pod asking a profile no node advertises", target="cluster", churn=churn)

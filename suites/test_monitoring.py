@@ -297,13 +297,14 @@ def work_pod(run, node, resource: str, lane) -> dict:
 def holding_gpu(run, node, resource: str, lane):
     """The work pod, Running on the node; deleted (and gone) after. Yields its name."""
     from gpuproof.bench.base import applied, ensure_configmap
+    from gpuproof.cluster.conditions import pod_started, wait_for
 
     ensure_configmap(run)
     pod = work_pod(run, node, resource, lane)
     name = pod["metadata"]["name"]
     with applied(run, [pod], lane=lane):
-        lane.job.watch().wait(name, lambda p: p is not None and p.status.phase in ("Running", "Succeeded", "Failed"),
-                              WORK_RUNNING_S, "to be Running (the GPU the exporter should see busy)", lane.stop)
+        wait_for(lane.job.watch(), name, pod_started.named("to be Running (the GPU the exporter should see busy)"),
+                 WORK_RUNNING_S, lane.stop)
         yield name
 
 
@@ -446,13 +447,13 @@ def service_pod(run, node: str, product: str) -> tuple[dict, dict]:
 def serving(run, node: str, product: str):
     """gpuproof's inference server as a pod on the node, Ready; deleted after."""
     from gpuproof.bench import workloads as wl
-    from gpuproof.bench.base import applied, ensure_configmap, pod_ready
+    from gpuproof.bench.base import applied, ensure_configmap
+    from gpuproof.cluster.conditions import pod_ready, wait_for
 
     ensure_configmap(run)
     pod, own = service_pod(run, node, product)
     with applied(run, [pod]):
-        run.wait_pods(lambda c: c.get(SERVICE_POD) if SERVICE_POD in c and pod_ready(c[SERVICE_POD]) else None,
-                      SERVICE_READY_S, f"gpuproof's inference server {run.namespace}/{SERVICE_POD} to be Ready")
+        wait_for(run, SERVICE_POD, pod_ready.named("to be Ready (gpuproof's inference server)"), SERVICE_READY_S)
         yield Served(run.namespace, SERVICE_POD, node, wl.INFERENCE_PORT, own)
 
 

@@ -14,11 +14,16 @@ A verdict reached while other people's pods changed on the node is a skip with t
 import pytest
 
 from gpuproof.cluster.churn import ForeignPods, preemption_victims
-from gpuproof.plugin.checks import TOLERATE_ALL, free_on, pod, pod_outcome, settled
+from gpuproof.cluster.conditions import PodCondition, wait_events_naming, wait_for
+from gpuproof.plugin.checks import TOLERATE_ALL, free_on, pod, pod_outcome, pod_settled, settled
 
 FEATURE = "preemption"
 LOW, HIGH = -100, -10        # below every default priority (0)
 MAX_FILL = 16
+
+# the preemptor running, or refused with no node nominated for it (the scheduler found nothing to preempt)
+preempted_and_ran = PodCondition("to preempt and run", lambda x: x.status.phase == "Running" or "unschedulable"
+                                 in pod_outcome(x) and not x.status.nominated_node_name)
 
 
 def _priority_class(run, suffix, value, never=False):
@@ -49,14 +54,13 @@ def _pick_node(discovery, cluster, run):
 
 def _victims(run, target, preemptor, fill: int) -> set[str]:
     """namespace/name of the pods the scheduler preempted for ``preemptor`` (its Preempted events)."""
-    from gpuproof.cluster.api import WaitTimeout, watch_until
+    from gpuproof.cluster.api import WaitTimeout
     from gpuproof.errors import ApiUnreachable
 
     uid = preemptor.metadata.uid
     try:       # the scheduler records events asynchronously: give them a moment to arrive
-        watch_until(target.cluster.core.list_event_for_all_namespaces, lambda c: any(
-            uid in (e.message or "") for e in c.values()) or None, target.timeouts.event,
-            f"Preempted events naming {preemptor.metadata.name}", field_selector="reason=Preempted")
+        wait_events_naming(target.cluster.core, "Preempted", uid, target.timeouts.event,
+                           f"Preempted events naming {preemptor.metadata.name}")
     except WaitTimeout as exc:
         if isinstance(exc, ApiUnreachable):     # cut by the API server, not ended by time: nothing to judge on
             raise
@@ -103,8 +107,7 @@ def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch
                    f"({', '.join(sorted(pod_outcome(running[n]) for n in fill))[:300]})")
 
     scratch.create(pod("preemptor", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=high))
-    p = run.wait_pod("preemptor", lambda x: x.status.phase == "Running" or "unschedulable" in pod_outcome(x)
-                     and not x.status.nominated_node_name, target.timeouts.preemption, "to preempt and run")
+    p = wait_for(run, "preemptor", preempted_and_ran, target.timeouts.preemption)
     check.equal("preemptor-lands", f"running on {node.name}", pod_outcome(p),
                 what=f"a priority {HIGH} pod asking 1 {res} on the full node", target=node.name, churn=churn)
     victims = _victims(run, target, p, free) if p.status.phase == "Running" else set()
@@ -113,7 +116,7 @@ def test_preemption_evicts_just_enough_and_never_foreign(discovery, run, scratch
                 f"1 {res} ({', '.join(sorted(mine)) or 'none'})", target=node.name, churn=churn)
 
     scratch.create(pod("no-preempt", {res: 1}, node=node.name, tolerations=TOLERATE_ALL, priority_class=never))
-    q = run.wait_pod("no-preempt", settled, target.timeouts.pod_placed, "to be placed or refused")
+    q = wait_for(run, "no-preempt", pod_settled, target.timeouts.pod_placed)
     check.true("never-policy-waits", pod_outcome(q).startswith("unschedulable"),
                expected="Pending (preemptionPolicy: Never)", actual=pod_outcome(q),
                what="a priority pod that may not preempt, on the full node", target=node.name, churn=churn)

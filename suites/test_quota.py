@@ -6,7 +6,7 @@ cannot affect the rest of the run.
 
 import pytest
 
-from gpuproof.cluster.api import watch_until
+from gpuproof.cluster.conditions import wait_quota_computed
 from gpuproof.plugin.checks import pod
 
 FEATURE = "quota"
@@ -33,9 +33,7 @@ def test_resource_quota_limits_gpu_requests(run, target, check):
     run.apply({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": ns},
                "spec": {"hard": {f"requests.{GPU}": "2"}}}, namespace=ns)
     # the quota is enforced once its controller has computed the usage
-    watch_until(target.cluster.core.list_namespaced_resource_quota,
-                lambda c: "gpus" in c and (c["gpus"].status.hard or {}).get(f"requests.{GPU}") or None,
-                target.timeouts.quota_ready, f"ResourceQuota {ns}/gpus to be initialised", namespace=ns)
+    wait_quota_computed(target.cluster.core, ns, "gpus", f"requests.{GPU}", target.timeouts.quota_ready)
     results = [_refused(run.try_apply(pod(f"gpu-{i}", {GPU: 1}), namespace=ns)[1]) for i in range(3)]
     check.equal("quota-admits-within", ["accepted", "accepted"], results[:2],
                 what=f"pods asking 1 {GPU} each under a quota of 2", target=f"namespace/{ns}")

@@ -7,7 +7,10 @@ without a taint, ordinary pods can fill a GPU node's CPU and memory.
 import pytest
 
 from gpuproof.cluster.churn import ForeignPods
-from gpuproof.plugin.checks import free_on, one_device, pod, pod_outcome, settled, tolerations_for, used_on
+from gpuproof.cluster.conditions import wait_for
+from gpuproof.plugin.checks import free_on, one_device, pod, pod_outcome, pod_settled, tolerations_for, used_on
+
+placed_or_refused = pod_settled.named("to be placed or refused by the scheduler")
 
 FEATURE = "taints"
 
@@ -37,7 +40,7 @@ def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, chec
         check.skip("untolerating-pod-kept-off", f"pool {gpu_pool.name} has no node with a NoSchedule taint")
     name = f"no-toleration-{node.name}"[:63]
     scratch.create(pod(name, node=node.name))
-    p = run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused by the scheduler")
+    p = wait_for(run, name, placed_or_refused, target.timeouts.pod_placed)
     outcome = pod_outcome(p)
     check.true("untolerating-pod-kept-off", outcome.startswith("unschedulable") and "taint" in outcome,
                expected="Pending: the scheduler refuses the node for an untolerated taint", actual=outcome,
@@ -55,7 +58,7 @@ def test_tolerating_gpu_pod_lands(gpu_pool, scratch, run, target, check):
         check.skip("tolerating-gpu-pod-lands", f"{node.name} has no free {resource}: other pods hold them all")
     name = f"tolerating-{node.name}"[:63]
     scratch.create(pod(name, one_device(node), node=node.name, tolerations=tolerations_for(node)))
-    p = run.wait_pod(name, settled, target.timeouts.pod_placed, "to be placed or refused by the scheduler")
+    p = wait_for(run, name, placed_or_refused, target.timeouts.pod_placed)
     check.equal("tolerating-gpu-pod-lands", f"running on {node.name}", pod_outcome(p),
                 what=f"a pod asking {one_device(node)} that tolerates {node.taint_strings()}", target=node.name,
                 churn=churn)

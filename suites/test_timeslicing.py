@@ -9,11 +9,12 @@ request for 2 is refused. On real GPUs every pod on one GPU sees the same GPU UU
 import pytest
 
 from gpuproof.cluster.churn import ForeignPods, fill_done, taken_away
+from gpuproof.cluster.conditions import wait_for
 from gpuproof.discovery.nodes import GPU_SHARED
 from gpuproof.plugin.checks import for_nodes
 from gpuproof.plugin.fanout import NodeSkip
-from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, pod, pod_outcome, probe_on, settled, shared_gpu_check,
-                                    used_on)
+from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, pod, pod_outcome, pod_settled, probe_on, settled,
+                                    shared_gpu_check, used_on)
 
 FEATURE = "timeslicing"
 pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
@@ -71,7 +72,7 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
                 what=f"one-{resource} pods Running on the node at the same moment "
                      f"(gpu.count={node.count_label} x replicas={node.replicas})", churn=churn)
     scratch.create(pod("share-extra", {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
-    extra = run.wait_pod("share-extra", settled, target.timeouts.pod_placed, "to be placed or refused")
+    extra = wait_for(run, "share-extra", pod_settled, target.timeouts.pod_placed)
     check.true("one-more-waits", pod_outcome(extra).startswith("unschedulable"),
                expected=f"Pending: Insufficient {resource}", actual=pod_outcome(extra),
                what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name, churn=churn)
@@ -91,8 +92,7 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     if free_on(target.cluster, node, resource) < 2:
         check.skip("shared-request-gt1", f"{node.name} has fewer than 2 free {resource}")
     scratch.create(pod("share-two", {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
-    p = run.wait_pod("share-two", lambda x: x.status.phase in ("Running", "Failed", "Succeeded")
-                     or pod_outcome(x).startswith("unschedulable"), target.timeouts.pod_placed, "to run or be refused")
+    p = wait_for(run, "share-two", pod_settled.named("to run or be refused"), target.timeouts.pod_placed)
     outcome = pod_outcome(p)
     if refused:
         check.true("shared-request-gt1-refused", outcome.startswith("failed: UnexpectedAdmissionError"),

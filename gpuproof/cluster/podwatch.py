@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable
 
 from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout
+from .conditions import PodCondition, pod_done, pod_gone
 from .nodewatch import pod_node, raise_if_node_lost
 from .api import (_describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, api_deadline_of_client,
                   no_answer, raise_if_pull_fails)
@@ -179,9 +180,12 @@ class PodWatch:
             raise WaitTimeout(f"pod {self.run.namespace}/{pod.metadata.name} can never be scheduled: node {node} "
                               f"{why}; the scheduler: {cond.message}; gave up waiting for {what}")
 
+    def wait_for(self, name: str, condition: PodCondition, timeout: float, stop: threading.Event | None = None) -> Any:
+        """The named wait (:mod:`gpuproof.cluster.conditions`): :meth:`wait` saying ``condition.what``."""
+        return self.wait(name, condition, timeout, condition.what, stop)
+
     def wait_done(self, name: str, timeout: float, stop: threading.Event | None = None) -> Any:
-        return self.wait(name, lambda p: p is not None and p.status.phase in ("Succeeded", "Failed"), timeout,
-                         "to finish (Succeeded or Failed)", stop)
+        return self.wait_for(name, pod_done, timeout, stop)
 
     def wait_gone(self, name: str, timeout: float, stop: threading.Event | None = None) -> None:
-        self.wait(name, lambda p: p is None, timeout, "to be deleted", stop)
+        self.wait_for(name, pod_gone, timeout, stop)

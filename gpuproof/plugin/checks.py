@@ -7,6 +7,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from ..cluster.conditions import PodCondition
 from ..cluster.placement import pin_to, tolerate  # noqa: F401  (pin_to: the suites' name for it)
 from ..discovery.nodes import GpuNode
 from ..images import PAUSE_IMAGE
@@ -176,6 +177,10 @@ def pod_outcome(pod) -> str:
 def settled(pod) -> bool:
     """Running, finished, or refused by the scheduler: the scheduler has made up its mind."""
     return pod.status.phase in ("Running", "Succeeded", "Failed") or pod_outcome(pod).startswith("unschedulable")
+
+
+# the named wait on it: wait_for(run, name, pod_settled, target.timeouts.pod_placed)
+pod_settled = PodCondition("to be placed or refused", lambda p: p is not None and settled(p))
 
 
 def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe",
