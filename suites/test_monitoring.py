@@ -432,14 +432,14 @@ def service_pod(run, node: str, product: str) -> tuple[dict, dict]:
     """The inference server's pod (the benchmark's Deployment's pod template, the tiny model: the work is not the
     point), pinned to the node, and its own labels (the PodMonitor's selector)."""
     from gpuproof.bench import workloads as wl
+    from gpuproof.cluster.placement import pod_manifest
     from gpuproof.plugin import bench_checks
 
     deployment, _service = wl.inference_manifests(
         SERVICE_POD, labels=run.labels, namespace=run.namespace, image=bench_checks.image(run), product=product,
         node=node, server_args=["--model", "tiny", "--device", bench_checks.device(run)])
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {**deployment["metadata"], "labels": deployment["spec"]["template"]["metadata"]["labels"]},
-           "spec": deployment["spec"]["template"]["spec"]}
+    pod = pod_manifest({**deployment["metadata"], "labels": deployment["spec"]["template"]["metadata"]["labels"]},
+                       deployment["spec"]["template"]["spec"])
     return pod, deployment["spec"]["selector"]["matchLabels"]
 
 

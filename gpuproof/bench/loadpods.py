@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from ..cluster.placement import pod_manifest
 from . import workloads as wl
 
 MASTER_PORT = 5557      # locust's default master port
@@ -60,9 +61,8 @@ def _pod(name: str, component: str, cmd: list[str], *, labels: dict, namespace: 
     container = wl._container(component, image, cmd, 0, wl.GPU_RESOURCE, mounts, None, cpu=cpu, memory=memory)
     if limit_cpu:
         container["resources"]["limits"] = {"cpu": cpu}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": wl._meta(name, namespace, labels, own_labels or wl._own_labels(name, component)),
-            "spec": wl._pod_spec(container, vols, 0, None, None, deadline_s=deadline_s)}
+    return pod_manifest(wl._meta(name, namespace, labels, own_labels or wl._own_labels(name, component)),
+                        wl._pod_spec(container, vols, 0, None, None, deadline_s=deadline_s))
 
 
 def calibration_pod(name: str, load_args: Iterable[str] = (), *, labels: dict, namespace: str,

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from .. import package_folder
-from ..cluster.placement import pin_to
+from ..cluster.placement import place, pod_manifest
 from ..errors import GpuproofError
 from ..images import DEFAULT_IMAGE, DEFAULT_LOADGEN_IMAGE, Image, as_image  # noqa: F401  (wl.Image, ...)
 
@@ -158,16 +158,9 @@ def _pod_spec(container: dict, volumes: list[dict], gpus: int, product: str | No
     them a GPU pod tolerates ``nvidia.com/gpu`` only."""
     spec: dict[str, Any] = {"restartPolicy": restart, "containers": [container], "volumes": volumes,
                             "enableServiceLinks": False}
-    if tolerations is not None:
-        if tolerations:
-            spec["tolerations"] = list(tolerations)
-    elif gpus:
-        spec["tolerations"] = _tolerations()
-    sel = _node_selector(product, node)
-    if sel:
-        spec["nodeSelector"] = sel
-    if node:
-        spec["affinity"] = pin_to(node)
+    if tolerations is None and gpus:
+        tolerations = _tolerations()
+    place(spec, node=node, tolerations=tolerations, node_selector=_node_selector(product, node))
     if deadline_s:
         spec["activeDeadlineSeconds"] = int(deadline_s)
     return spec
@@ -206,9 +199,8 @@ def workload_pod(name: str, script: str, args: Iterable[str] = (), *, labels: di
         cmd = ["python", path, *map(str, args)]
     vols, mounts = _volumes(configmap_name, shm=torchrun or gpus > 1, image=image)
     container = _container("workload", image, cmd, gpus, resource, mounts, env)
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": _meta(name, namespace, labels, _own_labels(name, script.removesuffix(".py"))),
-            "spec": _pod_spec(container, vols, gpus, product, node, deadline_s=deadline_s, tolerations=tolerations)}
+    return pod_manifest(_meta(name, namespace, labels, _own_labels(name, script.removesuffix(".py"))),
+                        _pod_spec(container, vols, gpus, product, node, deadline_s=deadline_s, tolerations=tolerations))
 
 
 def workload_job(name: str, script: str, args: Iterable[str] = (), *, labels: dict, namespace: str,
@@ -321,9 +313,8 @@ def loadgen_pod(name: str, url: str, args: Iterable[str] = (), *, labels: dict, 
     vols, mounts = _volumes(configmap_name, shm=False, image=image)
     cmd = ["python", script_path("loadgen"), "--url", url, *map(str, args)]
     container = _container("loadgen", image, cmd, 0, GPU_RESOURCE, mounts, None, cpu=cpu, memory="1Gi")
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": _meta(name, namespace, labels, _own_labels(name, "loadgen")),
-            "spec": _pod_spec(container, vols, 0, None, None, deadline_s=deadline_s)}
+    return pod_manifest(_meta(name, namespace, labels, _own_labels(name, "loadgen")),
+                        _pod_spec(container, vols, 0, None, None, deadline_s=deadline_s))
 
 
 def _shell_quote(s: str) -> str:

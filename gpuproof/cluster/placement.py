@@ -8,6 +8,9 @@ key of its own, AKS's ``sku=gpu:NoSchedule`` for one, never took them):
   (A few suite checks pin a pod to a node they chose and tolerate everything, ``plugin.checks.TOLERATE_ALL``, where
   the node's taints are not what they judge; the nodes they choose are never cordoned: the suites leave those out
   first, since a blanket toleration would pass a cordon, ``node.kubernetes.io/unschedulable``, too.)
+
+Every pod gpuproof makes, a suite's (``plugin.checks.pod``), a probe's or a benchmark's (``bench.workloads``,
+``bench.loadpods``), is one :func:`pod_manifest` whose spec the policy placed with :func:`place`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,27 @@ def pin_to(node_name: str) -> dict:
     """Required node affinity on the node's name."""
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}]}}}
+
+
+def place(spec: dict, *, node: str | None = None, tolerations: list[dict] | None = None,
+          node_selector: dict | None = None, affinity: dict | None = None) -> dict:
+    """The placement policy on a pod spec (changed in place, and returned): pinned to ``node`` (:func:`pin_to`, merged
+    into ``affinity``), the ``tolerations`` given (those of the node(s) meant, :func:`tolerate`) and a node selector.
+    """
+    if tolerations:
+        spec["tolerations"] = list(tolerations)
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if node:
+        affinity = {**(affinity or {}), **pin_to(node)}
+    if affinity:
+        spec["affinity"] = affinity
+    return spec
+
+
+def pod_manifest(metadata: dict, spec: dict) -> dict:
+    """The Pod object of every pod gpuproof makes."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def pinned_node(pod_spec: dict) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from ..cluster.conditions import PodCondition
-from ..cluster.placement import pin_to, tolerate  # noqa: F401  (pin_to: the suites' name for it)
+from ..cluster.placement import pin_to, place, pod_manifest, tolerate  # noqa: F401  (pin_to: the suites' name for it)
 from ..discovery.nodes import GpuNode
 from ..images import PAUSE_IMAGE
 
@@ -32,17 +32,10 @@ def pod(name: str, limits: dict | None = None, *, node: str | None = None, toler
         container["command"] = command
     spec: dict[str, Any] = {"containers": [container], "restartPolicy": restart_policy,
                             "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False}
-    if tolerations:
-        spec["tolerations"] = tolerations
     if priority_class:
         spec["priorityClassName"] = priority_class
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    if node:
-        affinity = {**(affinity or {}), **pin_to(node)}
-    if affinity:
-        spec["affinity"] = affinity
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+    place(spec, node=node, tolerations=tolerations, node_selector=node_selector, affinity=affinity)
+    return pod_manifest({"name": name, "labels": labels or {}}, spec)
 
 
 def one_device(node: GpuNode) -> dict[str, int]:
