@@ -111,7 +111,8 @@ def test_on_a_lab_shaped_cluster_real_gpu_checks_run_on_kubelet_nodes_and_name_t
     assert "test_each_node[a100-0] PASSED" in out and "test_each_node[a100-1] PASSED" in out, out
     assert "test_each_node[h100-mig-0]" not in out, out
     assert "test_each_node_needing_no_gpu_code[h100-mig-0] PASSED" in out, out
-    assert ("SKIPPED [1] test_lab.py: no GPU node of the kind this check is for (filtered; left out: h100-mig-0: "
+    # the line is the test's: a marked test (for_nodes is the gpu_nodes marker) is not folded to its file
+    assert ("SKIPPED [1] test_lab.py:9: no GPU node of the kind this check is for (filtered; left out: h100-mig-0: "
             f"{SIMULATED_REASON})") in out, out
     rows = [json.loads(line) for line in (tmp_path / "reports" / "lab" / "coverage.jsonl").read_text().splitlines()]
     assert sorted((r["check"], r["node"], r["reason"]) for r in rows) == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from ..cluster.conditions import PodCondition
@@ -288,12 +289,18 @@ class Pool:
         return f"Pool({self.name}, {len(self.nodes)} nodes)"
 
 
-def for_nodes(predicate):
-    """Decorator: parametrize ``gpu_node``/``gpu_pool`` only over nodes where predicate(node) holds.
+GPU_NODES_MARKER = "gpu_nodes"
 
-    The predicate's docstring says which nodes, and shows in the skip reason when none match.
+
+def for_nodes(predicate):
+    """Decorator: parametrize ``gpu_node``/``gpu_pool`` only over nodes where predicate(node) holds: the registered
+    marker ``@pytest.mark.gpu_nodes(predicate)`` (spelled ``.with_args``, as a lone callable would be taken for the
+    test itself). The predicate's docstring says which nodes, and shows in the skip reason when none match.
     """
-    def mark(fn):
-        fn.gpuproof_select = predicate
-        return fn
-    return mark
+    return getattr(pytest.mark, GPU_NODES_MARKER).with_args(predicate)
+
+
+def node_predicate(item_or_definition):
+    """The predicate of a test's ``gpu_nodes`` marker (None: every GPU node of its kind)."""
+    marker = item_or_definition.get_closest_marker(GPU_NODES_MARKER)
+    return marker.args[0] if marker is not None and marker.args else None

@@ -11,7 +11,7 @@ import urllib3
 
 from ..errors import ApiGone, ApiUnreachable, GpuproofError, NodeLost, one_line
 from .target import REAL_GPU_REASON, get_target, started_target, stop_session
-from .checks import Pool
+from .checks import GPU_NODES_MARKER, Pool, node_predicate
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,6 +64,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
     config.addinivalue_line("markers", "device_plugin: the check is about the device plugin's extended resources, "
                                        "so nodes that offer GPUs only through DRA are not offered to it")
+    config.addinivalue_line("markers", f"{GPU_NODES_MARKER}(predicate): gpu_node/gpu_pool are only the GPU nodes where "
+                                       "predicate(node) holds (a GpuNode; its docstring names them in the skip "
+                                       "reason when none do): @pytest.mark.gpu_nodes.with_args(predicate), or "
+                                       "gpuproof.plugin.checks.for_nodes(predicate)")
     from .providers import install
 
     install(config, get_target(config))
@@ -119,7 +123,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # a dead or cordoned node is reported by the nodes suite, not timed out on; a kwok node runs no GPU code
     candidates, left_out = split(d.gpu_nodes, **kind)
     note(metafunc, left_out)
-    select = getattr(metafunc.function, "gpuproof_select", None)
+    select = node_predicate(metafunc.definition)
     if kind["real_gpus"] and not candidates:
         real = [f"{r['node']}: {r['reason']}" for r in left_out if not d.node(r["node"]).simulated]
         none = f"no real GPU node can take pods ({'; '.join(real)})" if real else REAL_GPU_REASON
