@@ -35,67 +35,81 @@ GFD_DRIVER_LABELS = ("nvidia.com/cuda.driver-version.full; nvidia.com/cuda.drive
                      "nvidia.com/cuda.driver-version.minor; nvidia.com/cuda.driver-version.revision; "
                      "nvidia.com/cuda.driver.major; nvidia.com/cuda.driver.minor; nvidia.com/cuda.driver.rev")
 # case: (the fault on a100-0, the checks `-k` selects, [(check, node, expected, words of the actual)] that must fail)
+# case: (the node it is on, the fault, the checks run, [(check, node, expected, words of the actual)] that must fail)
 FAULTS = {
-    "device-plugin-asked-for-cdi-without-libcuda": (CDI, "device_plugin_pod_ready", [
+    "device-plugin-asked-for-cdi-without-libcuda": ("a100-0", CDI, "device_plugin_pod_ready", [
         ("device-plugin-ready", "a100-0", "a Ready nvidia-device-plugin pod",
          "nvidia-device-plugin-ctr not ready: last exit 1")]),
-    "workload-image-missing-on-the-node": (NO_WORKLOAD_IMAGE, "health", [
-        ("health-pod", "a100-0", "the health pod finishes with a JSON result",
-         "can never start on node a100-0: container workload: ErrImageNeverPull")]),
-    "driver-label-set-over-gfds": (LYING_DRIVER_LABEL, "test_pod_gets_the_advertised_driver", [
-        ("driver-version-in-pod", "a100-0", f"the driver version NVML reports in a pod granted a GPU, as "
+    "driver-label-set-over-gfds": ("a100-1", LYING_DRIVER_LABEL, "test_pod_gets_the_advertised_driver", [
+        ("driver-version-in-pod", "a100-1", f"the driver version NVML reports in a pod granted a GPU, as "
          f"{GFD_DRIVER_LABELS} advertise", "nvidia.com/cuda.driver-version.full=535.104.05 but NVML in the pod "
          "reports 550.54.15")]),
+    "workload-image-missing-on-the-node": ("a100-0", NO_WORKLOAD_IMAGE, "health", [
+        ("health-pod", "a100-0", "the health pod finishes with a JSON result",
+         "can never start on node a100-0: container workload: ErrImageNeverPull")]),
 }
+# one cluster per fleet, its faults judged apart in one run: faults whose nodes fail no check but their own (a node
+# without its device plugin has no GPU for the driver suite's probe: it skips there). A node without the workload
+# image fails every check that runs a pod on it, so it has a fleet of its own.
+FLEETS = {"plugin-and-label": ("device-plugin-asked-for-cdi-without-libcuda", "driver-label-set-over-gfds"),
+          "image": ("workload-image-missing-on-the-node",)}
+HEALTHY = "a100-2"
 
 
-def fleet(fault: dict) -> dict:
-    """Two kubelet A100 nodes with one GPU each; ``fault`` on a100-0, a100-1 healthy."""
+def fleet(faults: dict) -> dict:
+    """Three kubelet A100 nodes with one GPU each; ``faults`` {node index: fault}, the others healthy."""
     return {"name": "knodefaults", "pools": [
-        {"name": "a100", "count": 2, "backend": "kubelet", "instanceType": "a2-highgpu-1g",
-         "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1}, "faults": [{"node": 0, **fault}]}]}
+        {"name": "a100", "count": 3, "backend": "kubelet", "instanceType": "a2-highgpu-1g",
+         "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1},
+         "faults": [{"node": i, **fault} for i, fault in sorted(faults.items())]}]}
+
+
+def one(fault: dict) -> dict:
+    return fleet({0: fault})
 
 
 def test_node_faults_are_refused_off_kubelet_nodes_and_checked():
-    kwok = fleet(CDI)["pools"][0] | {"backend": "kwok"}
+    kwok = one(CDI)["pools"][0] | {"backend": "kwok"}
     with pytest.raises(FleetError, match=r"faults\[0\].devicePluginConfig: is for kubelet nodes"):
         parse_fleet({"name": "x", "pools": [kwok]}, source="x.yaml")
     with pytest.raises(FleetError, match=r"faults\[0\].missingImages: is for kubelet nodes"):
-        parse_fleet(fleet(NO_WORKLOAD_IMAGE) | {"pools": [kwok | {"faults": [NO_WORKLOAD_IMAGE]}]}, source="x.yaml")
+        parse_fleet(one(NO_WORKLOAD_IMAGE) | {"pools": [kwok | {"faults": [NO_WORKLOAD_IMAGE]}]}, source="x.yaml")
     with pytest.raises(FleetError, match=r"faults\[0\].labelsOverGfd: is for kubelet nodes"):
         parse_fleet({"name": "x", "pools": [kwok | {"faults": [LYING_DRIVER_LABEL]}]}, source="x.yaml")
-    assert parse_fleet(fleet(LYING_DRIVER_LABEL), source="x.yaml").pools[0].labels_over_gfd(0) == {
+    assert parse_fleet(one(LYING_DRIVER_LABEL), source="x.yaml").pools[0].labels_over_gfd(0) == {
         "nvidia.com/cuda.driver-version.full": "535.104.05"}
     with pytest.raises(FleetError, match=r"missingImages\[0\]: 'pause' is not an image a kubelet node can lack"):
-        parse_fleet(fleet({"missingImages": ["pause"]}), source="x.yaml")
+        parse_fleet(one({"missingImages": ["pause"]}), source="x.yaml")
     with pytest.raises(FleetError, match=r"devicePluginConfig.plugin: NVIDIA's device-plugin config has the mapping"):
-        parse_fleet(fleet({"devicePluginConfig": {"plugin": {"deviceListStrategy": "cdi-cri"}}}), source="x.yaml")
-    pool = parse_fleet(fleet(CDI), source="x.yaml").pools[0]
+        parse_fleet(one({"devicePluginConfig": {"plugin": {"deviceListStrategy": "cdi-cri"}}}), source="x.yaml")
+    pool = parse_fleet(one(CDI), source="x.yaml").pools[0]
     base = {"version": "v1", "flags": {"migStrategy": "none"}}
     assert pool.node_plugin_config(0, base) == {"version": "v1", "flags": {
         "migStrategy": "none", "plugin": {"deviceListStrategy": "cdi-cri"}}}
     assert pool.node_plugin_config(1, base) == base
 
 
-@pytest.mark.parametrize("case", list(FAULTS))
+@pytest.mark.parametrize("group", list(FLEETS))
 @pytest.mark.sim
 @pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
 @needs_kubelet
-def test_the_node_fault_fails_its_check_and_the_healthy_node_passes(tmp_path, case):
-    fault, selection, expectations = FAULTS[case]
+def test_the_node_fault_fails_its_check_and_the_healthy_node_passes(tmp_path, group):
+    cases = [FAULTS[c] for c in FLEETS[group]]
     path = tmp_path / "knodefaults.yaml"
-    path.write_text(yaml.safe_dump(fleet(fault)))
+    path.write_text(yaml.safe_dump(fleet({int(node.rsplit("-", 1)[1]): fault for node, fault, _, _ in cases})))
+    selection = " or ".join(sel for _, _, sel, _ in cases)
     proc, run = gpuproof_run(tmp_path, "--fleet", str(path), "-k", selection)
-    assert proc.returncode == 1, f"expected {selection} to fail on a100-0:\n{proc.stdout[-3000:]}"
+    assert proc.returncode == 1, f"expected {selection} to fail:\n{proc.stdout[-3000:]}"
     checks = records(run, "checks.jsonl")
-    for check, node, expected, actual in expectations:
-        failed = [r for r in checks if r["verdict"] == "fail"]
-        assert [(r["check"], r["target"]) for r in failed] == [(check, node)], failed
-        rec = failed[0]
+    failed = [r for r in checks if r["verdict"] == "fail"]
+    listed = [e for *_, expectations in cases for e in expectations]
+    assert sorted((r["check"], r["target"]) for r in failed) == sorted((c, n) for c, n, *_ in listed), failed
+    for check, node, expected, actual in listed:
+        rec, = [r for r in failed if (r["check"], r["target"]) == (check, node)]
         assert rec["expected"] == expected and actual in str(rec["actual"]), rec
         assert f"{node}: " in proc.stdout and actual in proc.stdout, "the failure line names node and actual"
-        beside = [r["verdict"] for r in checks if r["feature"] == rec["feature"] and r["target"] == "a100-1"]
-        assert "pass" in beside and "fail" not in beside, f"a100-1 has no fault: {beside}"
-    if fault is CDI:     # NVIDIA's plugin said why, as the cluster came up
+        beside = [r["verdict"] for r in checks if r["feature"] == rec["feature"] and r["target"] == HEALTHY]
+        assert "pass" in beside and "fail" not in beside, f"{HEALTHY} has no fault: {beside}"
+    if any(fault is CDI for _, fault, _, _ in cases):     # NVIDIA's plugin said why, as the cluster came up
         assert "a100-0: NVIDIA's device plugin crash-loops: error starting plugins: error getting plugins: unable " \
                "to create cdi spec file" in proc.stdout + proc.stderr, proc.stdout[-3000:]
