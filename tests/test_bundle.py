@@ -167,3 +167,18 @@ def test_bad_bundles_are_refused_in_one_line(no_go, tmp_path, capsys):
     _rewrite(out, tmp_path / "short.tar.xz", lambda n, d: None if n.endswith("/nfd-api-crds.yaml") else d)
     assert "nfd-api-crds.yaml is missing or damaged" in _refused(tmp_path / "short.tar.xz", capsys)
     assert not any((Path(os.environ["GPUPROOF_CACHE"]) / "controlplane").glob("kwok-*/kwok"))   # nothing half-done
+
+
+def test_a_bundle_without_dra_serves_every_pool_but_those_offered_through_dra(no_go, tmp_path, monkeypatch):
+    maker, _ = no_go
+    monkeypatch.setenv("GPUPROOF_CACHE", str(maker))
+    small = tmp_path / "nodra.tar.xz"
+    manifest = bundle.make(small, dra=False)
+    assert manifest["without"] == ["dra"]
+    names = {f"{p['folder']}/{n}" for p in manifest["pieces"] for n in p["files"]}
+    assert not [n for n in names if "containerd" in n or "cdi-hook" in n or n.endswith("/gpu-kubelet-plugin")], names
+    monkeypatch.setenv("GPUPROOF_CACHE", str(tmp_path / "clean-nodra"))
+    bundle.install(small)
+    sw = nvidia.locate(build_missing=False)                     # complete without the DRA driver
+    with pytest.raises(ControlPlaneError, match="made with --without-dra; pools offered through DRA need"):
+        sw.require_dra()

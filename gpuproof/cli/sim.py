@@ -66,6 +66,9 @@ def register(sub) -> None:
                                   "NVML, the pause image. Built first where missing (that needs Go). Install it "
                                   "where there is no Go with `gpuproof sim install FILE` (or GPUPROOF_BUNDLE=FILE).")
     bd.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write (.tar.xz)")
+    bd.add_argument("--without-dra", action="store_true",
+                    help="leave out NVIDIA's DRA driver, containerd 1.7 and nvidia-cdi-hook (only pools offered "
+                         "through DRA use them; the gpu-host fleet does not)")
     bd.set_defaults(func=_bundle)
 
     ins = s.add_parser("install", help="install a bundle into the build cache (no Go needed after)",
@@ -165,7 +168,7 @@ def _build(args) -> int:
 def _bundle(args) -> int:
     from ..sim import bundle
 
-    m = bundle.make(args.output, progress=progress)
+    m = bundle.make(args.output, progress=progress, dra=not args.without_dra)
     mib = m["size"] / 2**20
     progress(f"bundle {args.output}: {mib:.1f} MiB ({m['raw'] / 2**20:.0f} MiB unpacked, "
              f"{sum(len(p['files']) for p in m['pieces'])} files) in {m['seconds']:.0f}s"

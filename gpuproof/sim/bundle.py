@@ -109,8 +109,9 @@ def multicall(progress: Progress = _quiet) -> Path:
                               progress=progress) / name
 
 
-def gather(progress: Progress = _quiet) -> list[Piece]:
-    """Every piece, built first where this machine has not built it yet (that needs Go)."""
+def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
+    """Every piece, built first where this machine has not built it yet (that needs Go); ``dra=False``: without
+    NVIDIA's DRA driver, containerd 1.7 and nvidia-cdi-hook (what only pools offered through DRA use)."""
     from . import clusternet, images, kubelet, kubelet_dra, nvidia
 
     where = folders()
@@ -119,13 +120,18 @@ def gather(progress: Progress = _quiet) -> list[Piece]:
     clusternet.addon_manifest()
     nfd = kubelet.nfd_master(progress)
     coredns = clusternet.coredns_binary(progress)
-    containerd = kubelet_dra.containerd(progress)
-    hook = kubelet_dra.cdi_hook(progress)
+    containerd = kubelet_dra.containerd(progress) if dra else None
+    hook = kubelet_dra.cdi_hook(progress) if dra else None
     sw = nvidia.locate(progress=progress)
     kwok = _binaries.locate(progress=progress)["kwok"]
     pause, _ = images.pause_image()
     del proxy
-    nv = {f"bin/{b}": sw.exe(b) for b in nvidia.BINARIES}
+    nv = {f"bin/{b}": sw.exe(b) for b in nvidia.BINARIES if dra or b != nvidia.DRA_BINARY}
+    if not dra:
+        marker = _binaries.cache_root() / "bundle" / "without-dra"     # empty: installed as bin/.without-dra
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        nv[f"bin/{nvidia.WITHOUT_DRA}"] = marker
     nv.update({f"lib/{p.name}": p for p in sw.lib.iterdir() if not p.is_symlink()})
     nv.update({f"profiles/{p.name}": p for p in sorted(sw.profiles.glob("*.yaml"))})
     nv.update({f"chart/{t}": sw.chart / t for t in nvidia.DEVICE_CLASS_TEMPLATES})
@@ -146,9 +152,9 @@ def gather(progress: Progress = _quiet) -> list[Piece]:
         Piece("NFD's nfd-master", where["nfd"], {**nfd_files, "nfd-api-crds.yaml": nfd / Path(kubelet.NFD_CRDS).name},
               hardlinks=nfd_links),
         Piece("CoreDNS", where["coredns"], dns_files, hardlinks=dns_links),
-        Piece("containerd 1.7 (DRA nodes)", where["containerd"],
-              {b: containerd / b for b in kubelet_dra.CONTAINERD_BINARIES}),
-        Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook}),
+        *([Piece("containerd 1.7 (DRA nodes)", where["containerd"],
+                 {b: containerd / b for b in kubelet_dra.CONTAINERD_BINARIES}),
+           Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook})] if dra else []),
         Piece("NVIDIA's node software", where["nvidia"], nv,
               {f"lib/{p.name}": os.readlink(p) for p in sw.lib.iterdir() if p.is_symlink()}),
         Piece("the pause image", where["images"], {pause.name: pause}),
@@ -169,10 +175,11 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def make(out: Path, progress: Progress = _quiet) -> dict:
-    """Write the bundle to ``out``; returns its manifest (with ``size`` and ``seconds``)."""
+def make(out: Path, progress: Progress = _quiet, dra: bool = True) -> dict:
+    """Write the bundle to ``out`` (``dra=False``: without the DRA pieces); returns its manifest (with ``size`` and
+    ``seconds``)."""
     t0 = time.monotonic()
-    pieces = gather(progress)
+    pieces = gather(progress, dra=dra)
     root = _binaries.cache_root()
     entries, manifest_pieces = [], []
     for p in pieces:
@@ -184,8 +191,8 @@ def make(out: Path, progress: Progress = _quiet) -> dict:
             entries.append((f"{p.rel()}/{name}", src))
         manifest_pieces.append({"what": p.what, "folder": p.rel(), "files": files, "links": p.links,
                                 "hardlinks": {n: t.relative_to(root).as_posix() for n, t in p.hardlinks.items()}})
-    manifest = {"format": FORMAT, "gpuproof": __version__, "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "pieces": manifest_pieces}
+    manifest = {"format": FORMAT, "gpuproof": __version__, "without": [] if dra else ["dra"],
+                "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pieces": manifest_pieces}
     biggest = max(src.stat().st_size for _, src in entries)
     raw = sum(src.stat().st_size for _, src in entries)
     progress(f"compressing {len(entries)} files ({raw / 2**20:.0f} MiB) into {out} (xz -9e, x86 filter; "

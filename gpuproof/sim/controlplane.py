@@ -519,6 +519,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     if not pools:
         return
     sw = nvidia.locate(progress=progress)
+    sw.require_dra()
     wanted = fleet.device_classes
     classes = [c for c in dradriver.device_classes(sw) if wanted is None or c["metadata"]["name"] in wanted]
     for c in classes:

@@ -89,6 +89,7 @@ def prepare(sw, progress: Progress = _quiet) -> tuple[Path, str]:
     """Build what DRA nodes need before they start (containerd 1.7, nvidia-cdi-hook); returns the driver's image."""
     from . import images
 
+    sw.require_dra()
     containerd(progress)
     return images.dra_driver_image(sw, cdi_hook(progress))
 

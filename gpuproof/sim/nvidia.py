@@ -57,6 +57,8 @@ MOCK_NVML_DIR = "pkg/gpu/mocknvml"
 DRA_CHART_TEMPLATES = "deployments/helm/dra-driver-nvidia-gpu/templates"
 DEVICE_CLASS_TEMPLATES = ("deviceclass-gpu.yaml", "deviceclass-mig.yaml")
 BINARIES = ("nvidia-device-plugin", "gpu-feature-discovery", "dprelay", "gpu-kubelet-plugin", "nvml-mock-ctl")
+DRA_BINARY = "gpu-kubelet-plugin"
+WITHOUT_DRA = ".without-dra"       # in bin/: installed from a bundle made without the DRA driver (gpuproof.sim.bundle)
 
 
 @dataclasses.dataclass
@@ -105,8 +107,16 @@ class NodeSoftware:
             env["LD_LIBRARY_PATH"] = str(self.lib)
         return env
 
+    def require_dra(self) -> None:
+        """Raise ControlPlaneError (one line) when NVIDIA's DRA driver is not here: a bundle made without it."""
+        if not os.access(self.exe(DRA_BINARY), os.X_OK):
+            raise ControlPlaneError(f"NVIDIA's DRA driver is not in {self.root}: it was installed from a bundle made "
+                                    "with --without-dra; pools offered through DRA need a bundle made without that "
+                                    "flag (or Go, to build it)")
+
     def complete(self) -> bool:
-        return all(os.access(self.exe(b), os.X_OK) for b in BINARIES) and \
+        without = (self.bin / WITHOUT_DRA).exists()
+        return all(os.access(self.exe(b), os.X_OK) for b in BINARIES if not (without and b == DRA_BINARY)) and \
             (self.lib / "libnvidia-ml.so.1").exists() and any(self.profiles.glob("*.yaml")) and \
             all((self.chart / t).exists() for t in DEVICE_CLASS_TEMPLATES)
 
