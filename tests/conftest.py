@@ -304,7 +304,9 @@ def pytest_collection_modifyitems(config, items):
             item.stash[TIER_ERROR] = wrong
         if not item.get_closest_marker(tier):
             item.add_marker(tier)
-        if tier in SERIAL_TIERS:
+        if item.get_closest_marker("xdist_group"):
+            pass                    # a group of its own, said where the test is (tests/test_bundle_lab.py)
+        elif tier in SERIAL_TIERS:
             item.add_marker(pytest.mark.xdist_group(tier))
         elif _module_fixtures(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -3,8 +3,10 @@ clean cache by ``GPUPROOF_BUNDLE`` with ``go`` (and gcc, cc, make) hidden from P
 control plane, kwok node, kubelet nodes (containerd 1.7 on the DRA node), NVIDIA's device plugin, GFD and DRA driver,
 NFD and CoreDNS all come from the bundle, and ``gpuproof run --fleet lab`` is green on it.
 
-The bundle is made once per session (several minutes of xz on 2 cores) unless ``GPUPROOF_TEST_BUNDLE`` names one
-already made from this checkout.
+The bundles are made once per module with ``--fast`` (xz -1: what is under test is the bundle's contents and their
+install, not its size, which benchmarks/RESULTS.md records at xz -9e) unless ``GPUPROOF_TEST_BUNDLE`` and
+``GPUPROOF_TEST_BUNDLE_WITHOUT_DRA`` name ones already made from this checkout. The module is an xdist group of its
+own: its private clusters run beside the other kubelet tests' in another worker.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from gpuproof.sim import kubelet
 
 NEEDS = kubelet.missing()
+pytestmark = pytest.mark.xdist_group("kubelet-bundle")       # beside the kubelet group, not in it
 HIDDEN = ("go", "gofmt", "gcc", "cc", "make")          # what building from source needs
 
 
@@ -42,7 +45,7 @@ def _bundle(factory, variable: str, *flags: str) -> Path:
     if given:
         return Path(given)
     out = factory.mktemp("bundle") / "gpuproof-bundle.tar.xz"
-    subprocess.run([sys.executable, "-m", "gpuproof", "sim", "bundle", *flags, "-o", str(out)], check=True,
+    subprocess.run([sys.executable, "-m", "gpuproof", "sim", "bundle", "--fast", *flags, "-o", str(out)], check=True,
                    timeout=3600)
     return out
 
