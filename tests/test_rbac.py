@@ -45,7 +45,9 @@ UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs onl
                       ("pods/proxy", "get"): "the DCGM exporter's /metrics is read where one runs (not embedded)",
                       ("pods/proxy", "create"): "ai_service_metrics' requests go to a server pod on a real GPU",
                       ("podmonitors", "create"): "ai_service_metrics runs with --prometheus on real GPUs only",
-                      ("prometheuses", "list"): "ai_service_metrics runs with --prometheus on real GPUs only"}
+                      ("prometheuses", "list"): "ai_service_metrics runs with --prometheus on real GPUs only",
+                      ("services", "list"): "a cluster's Prometheus is looked for where a DCGM exporter runs",
+                      ("services/proxy", "get"): "a Prometheus found in the cluster is read where an exporter runs"}
 
 
 def _rule(resource: str, verbs: str) -> rbac.Rule:
