@@ -222,6 +222,12 @@ def prometheus_of(request, cluster) -> prom.Prometheus | None:
     return prom.Prometheus(cluster=cluster, service=found) if found else None
 
 
+@pytest.fixture(scope="module")
+def prometheus_server(target, request):
+    """The Prometheus of the run, looked for once (not once per GPU node: the Service list is the whole cluster's)."""
+    return prometheus_of(request, target.cluster)
+
+
 NO_PROMETHEUS = ("no Prometheus named (--prometheus URL) and none found in the cluster (kube-prometheus-stack's, "
                  "kube-prometheus' prometheus-k8s, the operator's prometheus-operated, prometheus-server)")
 
@@ -235,9 +241,10 @@ def prometheus_series(server: prom.Prometheus, uuids: list, selector: str = "") 
     return monitoring.samples_from_query(server.api("query", query="{" + ",".join(matchers) + "}")["result"])
 
 
-def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node, target, exporters, request, check):
+def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node, target, exporters, prometheus_server,
+                                                     request, check):
     """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
-    server = prometheus_of(request, target.cluster)
+    server = prometheus_server
     if server is None:
         pytest.skip(f"{NO_PROMETHEUS}: nothing to check the exporter's series reach")
     node = gpu_node
@@ -507,10 +514,11 @@ def service_counter(server: prom.Prometheus, served: Served, after: float | None
 @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
 @pytest.mark.creates("Pod", SERVICE_POD, on="first", requests="1 {resource}", note="gpuproof's inference server")
 @pytest.mark.creates("PodMonitor", SERVICE_POD, note="when the cluster serves monitoring.coreos.com/v1")
-def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run, gpu_products, request, check):
+def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run, gpu_products, prometheus_server,
+                                                   request, check):
     """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
     requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value + N)."""
-    server = prometheus_of(request, target.cluster)
+    server = prometheus_server
     if server is None:
         pytest.skip(f"{NO_PROMETHEUS}: nothing to check gpuproof's inference server's metrics reach")
     if not podmonitors_served(target.cluster):
