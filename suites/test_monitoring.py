@@ -40,6 +40,7 @@ output with ``python -m http.server`` (tests/test_monitoring_kubelet.py).
 
 import contextlib
 import dataclasses
+import functools
 import time
 
 import pytest
@@ -224,8 +225,10 @@ def prometheus_of(request, cluster) -> prom.Prometheus | None:
 
 @pytest.fixture(scope="module")
 def prometheus_server(target, request):
-    """The Prometheus of the run, looked for once (not once per GPU node: the Service list is the whole cluster's)."""
-    return prometheus_of(request, target.cluster)
+    """The Prometheus of the run, looked for once (not once per GPU node: the Service list is the whole cluster's),
+    and only when a test that reached it asks (``prometheus_server()``): a module fixture is set up before the
+    test's own skips (needs_real_gpus), and a run on simulated GPUs lists no Services."""
+    return functools.cache(lambda: prometheus_of(request, target.cluster))
 
 
 NO_PROMETHEUS = ("no Prometheus named (--prometheus URL) and none found in the cluster (kube-prometheus-stack's, "
@@ -244,7 +247,7 @@ def prometheus_series(server: prom.Prometheus, uuids: list, selector: str = "") 
 def test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus, gpu_node, target, exporters, prometheus_server,
                                                      request, check):
     """The exporter's series as Prometheus stores them: every GPU, and the pod the exporter attributes it to."""
-    server = prometheus_server
+    server = prometheus_server()
     if server is None:
         pytest.skip(f"{NO_PROMETHEUS}: nothing to check the exporter's series reach")
     node = gpu_node
@@ -518,7 +521,7 @@ def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run,
                                                    request, check):
     """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
     requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value + N)."""
-    server = prometheus_server
+    server = prometheus_server()
     if server is None:
         pytest.skip(f"{NO_PROMETHEUS}: nothing to check gpuproof's inference server's metrics reach")
     if not podmonitors_served(target.cluster):

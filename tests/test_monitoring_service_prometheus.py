@@ -256,7 +256,7 @@ def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: 
     module.test_inference_server_metrics_reach_prometheus(
         needs_real_gpus=None, target=SimpleNamespace(cluster=NO_SERVICES),
         run=SimpleNamespace(namespace=namespace, labels={"gpuproof.dev/run": "r1"}),
-        gpu_products={GPU_PRODUCT: [NODE]}, prometheus_server=module.prometheus_of(request, NO_SERVICES),
+        gpu_products={GPU_PRODUCT: [NODE]}, prometheus_server=lambda: module.prometheus_of(request, NO_SERVICES),
         request=request, check=checker)
     path = run_dir.path / "checks.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
