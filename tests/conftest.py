@@ -223,7 +223,8 @@ FIXTURE_TIERS = {
 
 # tiers whose tests run one after another in one worker when the suite runs in several (`-n N --dist loadgroup`,
 # as .ci/run does): each kubelet test starts a cluster of real containers, which would compete for the same cores
-# and the host's network setup; the other tiers' tests each take their own embedded cluster or process
+# and the host's network setup; the other tiers' tests each take their own embedded cluster or process. The bundle's
+# tests (tests/test_bundle_lab.py, lab's whole suite among them) are a second such lane, a group of their own
 SERIAL_TIERS = ("kubelet",)
 
 # older markers: the lightest tier each one implies

@@ -10,7 +10,7 @@ toolkit's CDI edits gave it. Only ``access-envvar-none`` fails, on ``a100-tk-1``
 the GPUs it reached (both UUIDs, both device files); every other check passes on both nodes.
 
 The suite on runc nodes granted by NVIDIA's device plugin (time-sliced too) and on a DRA node granted by claims runs
-in the lab fleet's whole-suite run (tests/test_kubelet_pods.py), every check passing there.
+in the lab fleet's whole-suite run (tests/test_bundle_lab.py), every check passing there.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ BUILT = {
 KUBELET_NODES = ("issue #28: real kubelet nodes over NVIDIA's mock NVML (the embedded cluster's kwok nodes run no "
                  "container)")
 WAITING = {
-    "dra-probe-uuid": f"{KUBELET_NODES}: passes on lab's DRA kubelet node (tests/test_kubelet_pods.py); failing "
+    "dra-probe-uuid": f"{KUBELET_NODES}: passes on lab's DRA kubelet node (tests/test_bundle_lab.py); failing "
                       "needs a DRA driver that hands the pod another GPU than the claim's, not made yet",
     "dra-freed-claim-reused": "a claim that stays allocated after its pod is gone: kube-controller-manager's "
                               "resource-claim controller both makes the suite's claims and frees them, so the "

@@ -207,5 +207,6 @@ def test_driver_check_fails_on_its_fault(tmp_path, monkeypatch, case):
 
 
 # On kubelet nodes (NVIDIA's device plugin and DRA driver granting the probe pod its GPU) the driver suite runs in
-# the lab fleet's whole-suite run: tests/test_kubelet_pods.py::test_the_whole_suite_passes_on_lab_with_its_pod_paths.
+# the lab fleet's whole-suite run, from the bundle:
+# tests/test_bundle_lab.py::test_the_whole_suite_passes_on_lab_from_the_bundle_with_its_pod_paths.
 # A lying label there: tests/test_kubelet_faults.py ("driver-label-set-over-gfds").

@@ -252,7 +252,7 @@ def test_shares_{n}(made_once):
 @pytest.mark.server  # tier: the project runs in pytest-xdist workers, which are processes
 def test_a_group_runs_in_one_worker_under_xdist(project):
     """The groups hold in a real `-n 2 --dist loadgroup` run: each one's tests all ran in one worker (the ones of
-    pytest-xdist 3.8 did not under pytest 9.2 until tests/conftest.py's XdistGroups), and the rest went to both."""
+    pytest-xdist 3.8 did not under pytest 9.2 until tests/conftest.py's XdistGroups)."""
     project.makepyfile(test_tiers_inner=XDIST_PROJECT)
     result = project.runpytest_subprocess("-n", "2", "--dist", "loadgroup", "-v", "-p", "no:randomly")
     result.assert_outcomes(passed=18)
@@ -260,8 +260,11 @@ def test_a_group_runs_in_one_worker_under_xdist(project):
     workers = {}
     for worker, test, _group in ran:
         workers.setdefault(test, set()).add(worker)
-    assert {test: len(ids) for test, ids in workers.items()} == {"test_kubelet": 1, "test_shares": 1,
-                                                                  "test_anywhere": 2}, ran
+    # the grouped ones in one worker each; the rest wherever a worker was free (both, or one when the other was busy
+    # with a group: which, is the scheduler's timing)
+    assert {test: len(ids) for test, ids in workers.items() if test != "test_anywhere"} == {"test_kubelet": 1,
+                                                                                          "test_shares": 1}, ran
+    assert workers.get("test_anywhere"), ran
     assert "ran in 2 workers" not in result.stdout.str()
 
 
