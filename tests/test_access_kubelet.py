@@ -2,7 +2,7 @@
 through ``gpuproof run``.
 
 Two kubelet nodes whose runtime is NVIDIA's container toolkit v1.19.0 (``nvidia-container-runtime``,
-gpuproof/sim/kubelet_toolkit.py): ``a100-tk-0`` set up as NVIDIA recommends
+gpuproof/sim/kubelet/toolkit.py): ``a100-tk-0`` set up as NVIDIA recommends
 (``accept-nvidia-visible-devices-envvar-when-unprivileged = false``), ``a100-tk-1`` with the toolkit's own default
 ``true``, so the runtime hands a pod without a grant every GPU its ``NVIDIA_VISIBLE_DEVICES=all`` asks for. The fault
 is the toolkit's own switch in its config.toml; the device files and the GPUs NVML lists in the pod are what the
@@ -66,7 +66,8 @@ def test_the_toolkit_node_is_a_fleet_setting_of_device_plugin_nodes():
 
 
 def test_the_toolkits_config_and_containerd_runtime(tmp_path):
-    from gpuproof.sim import kubelet, kubelet_toolkit
+    from gpuproof.sim import kubelet
+    from gpuproof.sim.kubelet import toolkit as kubelet_toolkit
 
     text = kubelet_toolkit.config_toml({ENVVAR: True}, "/var/lib/gpuproof/driver", tmp_path / "nvidia-cdi-hook",
                                        tmp_path / "rt.log")

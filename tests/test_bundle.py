@@ -94,7 +94,7 @@ def test_an_installed_bundle_is_found_by_every_lookup_without_go(no_go):
     assert clusternet.kube_proxy_binary() == kube / "kube-proxy"
     assert clusternet.addon_manifest() == "kind: ConfigMap\n"
     assert (kubelet.nfd_master() / "nfd-api-crds.yaml").exists()
-    from gpuproof.sim import kubelet_dra
+    from gpuproof.sim.kubelet import dra as kubelet_dra
 
     assert (kubelet_dra.containerd() / "containerd-shim-runc-v2").exists()
     assert kubelet_dra.cdi_hook().exists()

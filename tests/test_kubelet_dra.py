@@ -20,7 +20,8 @@ import yaml
 
 from gpuproof.errors import FleetError
 from gpuproof.sim.fleet_file import parse_fleet
-from gpuproof.sim import kubelet, kubelet_dra
+from gpuproof.sim import kubelet
+from gpuproof.sim.kubelet import dra as kubelet_dra
 
 NEEDS = kubelet.missing()
 needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS)

@@ -82,7 +82,8 @@ def _module_folder(module: str, ldflags: str, env: dict[str, str] | None = None)
 
 def folders() -> dict[str, Path]:
     """Where each piece lives in the cache of this gpuproof (what the lookups compute)."""
-    from . import clusternet, kubelet, kubelet_dra, nvidia
+    from . import clusternet, kubelet, nvidia
+    from .kubelet import dra as kubelet_dra
 
     return {
         "kube": _module_folder("kube", _binaries.LDFLAGS["kube"]),
@@ -112,7 +113,8 @@ def multicall(progress: Progress = _quiet) -> Path:
 def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
     """Every piece, built first where this machine has not built it yet (that needs Go); ``dra=False``: without
     NVIDIA's DRA driver, containerd 1.7 and nvidia-cdi-hook (what only pools offered through DRA use)."""
-    from . import clusternet, images, kubelet, kubelet_dra, nvidia
+    from . import clusternet, images, kubelet, nvidia
+    from .kubelet import dra as kubelet_dra
 
     where = folders()
     kube = multicall(progress)

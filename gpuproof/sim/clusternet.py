@@ -80,7 +80,7 @@ def addon_manifest() -> str:
     module = KUBE_PROXY[0]
     copy = _binaries.module_cache(module, _binaries.LDFLAGS[module]) / Path(COREDNS_ADDON).name
     if not copy.exists():
-        from .kubelet_host import _sh
+        from .kubelet.host import _sh
 
         where = _sh(shutil.which("go") or "go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes",
                     cwd=_binaries.modules_dir() / module, env={**os.environ, "GOFLAGS": "-mod=mod"}).stdout.strip()
@@ -151,7 +151,7 @@ def proxy_config(node, state, kubeconfig: Path) -> dict:
 
 def start_proxy(sim_dir: Path, state, node, root: Path, join: Callable[[], None], *nsenter: str) -> None:
     """Start ``node``'s kube-proxy in its namespaces (``nsenter`` arguments) and daemons' cgroup (``join``)."""
-    from .kubelet_host import _spawn, client_kubeconfig
+    from .kubelet.host import _spawn, client_kubeconfig
 
     etc = root / "etc" / "kube-proxy"
     etc.mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def unload(client) -> None:
 def deploy(client, state, progress: Progress = _quiet) -> None:
     """Publish the ``kubernetes`` endpoints and create CoreDNS (its RBAC, Corefile, Deployment and Service)."""
     from . import images
-    from .kubelet_host import _create
+    from .kubelet.host import _create
 
     unload(client)
     _, image = images.coredns_image(coredns_binary(), COREDNS_VERSION)
@@ -232,7 +232,7 @@ def wait(client, state, timeout: float) -> None:
     from kubernetes import client as k8s
 
     from ..cluster.api import watch_until
-    from .kubelet_host import _sh
+    from .kubelet.host import _sh
 
     deadline = time.monotonic() + timeout
 

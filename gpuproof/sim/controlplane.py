@@ -524,7 +524,7 @@ def publish_dra(client, fleet: Fleet, kubeconfig: str, progress: Progress = _qui
     classes = [c for c in dradriver.device_classes(sw) if wanted is None or c["metadata"]["name"] in wanted]
     for c in classes:
         custom.create_cluster_custom_object(DRA_GROUP, DRA_VERSION, "deviceclasses", c)
-    pools = [p for p in pools if p.backend == "kwok"]     # on kubelet nodes the driver runs as pods (kubelet_dra)
+    pools = [p for p in pools if p.backend == "kwok"]     # on kubelet nodes the driver runs as pods (kubelet.dra)
     driven = [(name, gpunodes.mock_config(sw, p.gpu, seed=name, failures=p.nvml_failures(i)))
               for p in pools if not p.mig_enabled for i, name in enumerate(p.node_names())]
     outcome = dradriver.publish(sw, client, kubeconfig, driven, progress=progress)

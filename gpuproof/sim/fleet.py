@@ -45,7 +45,7 @@ from ..vocab import LABELS_BY, NFD_PCI_LABEL, RESOURCES_BY
 POOL_LABEL = "node.kubernetes.io/instance-type"
 REPLAY_NODE_LABEL = "gpuproof.dev/replay-node"     # replay nodes: where the device plugin's stand-in goes
 
-# images every kubelet node imports, which a fault can leave out of one node's containerd (gpuproof.sim.kubelet_faults)
+# images every kubelet node imports, which a fault can leave out of one node's containerd (gpuproof.sim.kubelet.faults)
 NODE_IMAGES = ("workloads",)
 # GPU operator components (nvidia.com/gpu.deploy.<component>) on an operator-managed (OpenShift) node
 OPERATOR_COMPONENTS = ("driver", "container-toolkit", "device-plugin", "gpu-feature-discovery",
@@ -142,7 +142,7 @@ class Fault:
     # the kubelet's kubepods cgroup: a slow node made real (the workloads take their CPU path on these nodes)
     cpu_percent: int | None = None
     # kubelet nodes: NVIDIA's container toolkit (nvidia-container-runtime) as the node's runtime, with these settings
-    # of its config.toml over NVIDIA's recommended ones (gpuproof.sim.kubelet_toolkit); None: plain runc
+    # of its config.toml over NVIDIA's recommended ones (gpuproof.sim.kubelet.toolkit); None: plain runc
     container_toolkit: dict | None = None
     # kubelet nodes: labels set over GFD's once NFD's master has applied them, as a hand's `kubectl label --overwrite`
     # or a node-labelling job would (NFD leaves them until its hourly resync): a lying label on a real node

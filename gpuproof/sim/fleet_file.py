@@ -351,7 +351,7 @@ def _parse_pool(f: _Fields) -> Pool:
 
 
 # top-level settings of NVIDIA's container toolkit config.toml a fleet may give a kubelet node (api/config/v1/config.go
-# of the toolkit; gpuproof.sim.kubelet_toolkit writes the rest)
+# of the toolkit; gpuproof.sim.kubelet.toolkit writes the rest)
 TOOLKIT_SETTINGS = {"accept-nvidia-visible-devices-envvar-when-unprivileged": bool,
                     "accept-nvidia-visible-devices-as-volume-mounts": bool, "disable-require": bool,
                     "supported-driver-capabilities": str}

@@ -10,7 +10,7 @@ full, registry-qualified name (the kubelet never pulls it: the name must already
   ``libnvidia-ml.so.1`` where ``dlopen`` finds it, plus the glibc files they link against;
 - ``coredns``: CoreDNS's static binary (the cluster DNS of kubelet nodes, :mod:`gpuproof.sim.clusternet`);
 - ``nvidia-dra-driver``: NVIDIA's DRA kubelet plugin and ``nvidia-cdi-hook`` (DRA nodes only,
-  :mod:`gpuproof.sim.kubelet_dra`);
+  :mod:`gpuproof.sim.kubelet.dra`);
 - ``workloads``: what gpuproof's workload pods run in on kubelet nodes: NVIDIA's mock ``libnvidia-ml.so.1``
   (where the NVIDIA container toolkit would put the driver's) and the mount points for the host's ``/usr``,
   Python and virtualenv, which the pods get read-only by hostPath (:func:`workload_runtime`).

@@ -32,8 +32,8 @@ from typing import Callable
 
 import yaml
 
-from . import binaries as _binaries
-from .kubelet_host import DEV_ROOT, DRA_NODE_LABEL, _create, with_node_files
+from .. import binaries as _binaries
+from .host import DEV_ROOT, DRA_NODE_LABEL, _create, with_node_files
 
 Progress = Callable[[str], None]
 
@@ -87,7 +87,7 @@ def cdi_hook(progress: Progress = _quiet) -> Path:
 
 def prepare(sw, progress: Progress = _quiet) -> tuple[Path, str]:
     """Build what DRA nodes need before they start (containerd 1.7, nvidia-cdi-hook); returns the driver's image."""
-    from . import images
+    from .. import images
 
     sw.require_dra()
     containerd(progress)
@@ -114,7 +114,7 @@ def driver_root(root: Path, mock_config: Path) -> None:
     the plugin's container). ``nvidia-smi`` is an empty placeholder: the driver only checks that it exists
     (``root.go getNvidiaSMIPath``); NVIDIA's real one comes from NVIDIA's package repository, out of reach here.
     """
-    from . import nvidia
+    from .. import nvidia
 
     lib = (nvidia.locate(build_missing=False).lib / "libnvidia-ml.so.1").resolve()
     version = yaml.safe_load(mock_config.read_text())["system"]["driver_version"]
@@ -215,10 +215,10 @@ def deploy(client, sw, nodes: list[str], image: str, timeout: float, progress: P
     mark who published it on the node (``gpuproof.dev/slices-by``, as on kwok DRA nodes)."""
     from kubernetes.client.exceptions import ApiException
 
-    from ..cluster.api import watch_until
-    from ..vocab import DRA_GROUP, DRA_VERSION
-    from ..vocab import SLICES_BY
-    from .dradriver import DRIVER
+    from ...cluster.api import watch_until
+    from ...vocab import DRA_GROUP, DRA_VERSION
+    from ...vocab import SLICES_BY
+    from ..dradriver import DRIVER
 
     _create(client, rbac())
     with contextlib.suppress(ApiException):

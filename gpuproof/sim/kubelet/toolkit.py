@@ -11,7 +11,7 @@ The config is the toolkit's own defaults (``config.GetDefault``) with what NVIDI
   ``NVIDIA_VISIBLE_DEVICES`` is ignored (the toolkit's default is ``true``, the variable a pod sets in its own env
   then hands it GPUs no one granted: NVIDIA's security guidance and the GPU operator turn it off);
 - the driver root, where the node's driver is (``nvidia-container-cli.root``): the node's ``DEV_ROOT``, laid out
-  as on DRA nodes (``kubelet_dra.driver_root``: NVIDIA's mock NVML as ``libnvidia-ml.so.<version>``, the GPUs'
+  as on DRA nodes (``kubelet.dra.driver_root``: NVIDIA's mock NVML as ``libnvidia-ml.so.<version>``, the GPUs'
   ``dev/nvidia<N>``);
 - ``nvidia-ctk.path``: the ``nvidia-cdi-hook`` the DRA nodes use, for the hooks of the CDI edits it makes.
 
@@ -48,8 +48,8 @@ def _quiet(msg: str) -> None:
 
 def runtime_binaries(progress: Progress = _quiet) -> Path:
     """The folder holding ``nvidia-container-runtime`` and ``nvidia-cdi-hook`` (v1.19.0), built on first use."""
-    from . import binaries as _binaries
-    from .kubelet_dra import TOOLKIT_VERSION, cdi_hook
+    from .. import binaries as _binaries
+    from .dra import TOOLKIT_VERSION, cdi_hook
 
     hook = cdi_hook(progress)                  # the same module, ldflags and cache folder
     module, path = RUNTIME
@@ -121,8 +121,8 @@ def containerd_config(text: str, binary: Path) -> str:
 def node_runtime(etc: Path, settings: dict, driver_root: Path, node_files: Path, containerd_text: str) -> str:
     """Make a kubelet node's runtime NVIDIA's toolkit: lay out its driver root (``driver_root``, the host path of
     its ``DEV_ROOT``), write the toolkit's config and wrapper; returns its containerd config with the runtime."""
-    from .kubelet_dra import driver_root as lay_out
-    from .kubelet_host import DEV_ROOT, MOCK_CONFIG_IN_POD, NODE_FILES, NODE_FILES_IN_POD
+    from .dra import driver_root as lay_out
+    from .host import DEV_ROOT, MOCK_CONFIG_IN_POD, NODE_FILES, NODE_FILES_IN_POD
 
     lay_out(driver_root, node_files / "mock-nvml.yaml")
     mock = MOCK_CONFIG_IN_POD.replace(NODE_FILES_IN_POD, f"/var/lib/{NODE_FILES}")   # as the node sees it

@@ -75,7 +75,7 @@ def _last_error(client, pod) -> str:
     the previous one), or its exit code."""
     from kubernetes.client.exceptions import ApiException
 
-    from .nvidia import klog_error
+    from ..nvidia import klog_error
 
     exited = any(c.state and c.state.terminated for c in pod.status.container_statuses or [])
     with contextlib.suppress(ApiException):

@@ -1,5 +1,6 @@
-"""What the pieces of a kubelet node share (``kubelet``, ``clusternet``, ``kubelet_dra``): commands and processes
-on the host, objects created in the cluster, client kubeconfigs, and the node's own files as its pods see them."""
+"""What the pieces of a kubelet node share (this package's modules and ``gpuproof.sim.clusternet``): commands and
+processes on the host, objects created in the cluster, client kubeconfigs, and the node's own files as its pods see
+them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Callable
 
 import yaml
 
-from ..errors import ControlPlaneError
+from ...errors import ControlPlaneError
 
 
 def _sh(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -27,7 +28,7 @@ def client_kubeconfig(sim_dir: Path, state, out: Path, user: str, group: str | N
     from cryptography.hazmat.primitives import serialization
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
-    from .pki import _key, _name, _sign, _write_cert, _write_key
+    from ..pki import _key, _name, _sign, _write_cert, _write_key
 
     pki = Path(sim_dir) / "pki"
     ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
