@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout, one_line
+from .podconditions import pod_done, pod_running
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
@@ -456,11 +457,12 @@ class Run:
                               describe=lambda c: _describe_pod(c.get(name)))
 
     def wait_running(self, name: str, timeout: float = 60.0) -> k8s.V1Pod:
-        return self.wait_pod(name, lambda p: p.status.phase == "Running", timeout, "to be Running")
+        """Pod ``name`` once it is Running (:data:`~gpuproof.cluster.podconditions.pod_running`)."""
+        return self.wait_pod(name, pod_running, timeout, pod_running.what)
 
     def wait_pod_done(self, name: str, timeout: float = 600.0) -> k8s.V1Pod:
-        return self.wait_pod(name, lambda p: p.status.phase in ("Succeeded", "Failed"), timeout,
-                             "to finish (Succeeded or Failed)")
+        """Pod ``name`` once it has finished (:data:`~gpuproof.cluster.podconditions.pod_done`)."""
+        return self.wait_pod(name, pod_done, timeout, pod_done.what)
 
     def wait_event(self, name: str, reason: str, timeout: float = 60.0) -> k8s.CoreV1Event:
         return watch_until(

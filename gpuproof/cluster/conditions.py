@@ -9,56 +9,18 @@ runs out of time::
 
 ``wait_for`` takes the run (:meth:`Run.wait_pod <gpuproof.cluster.api.Run.wait_pod>`, a watch of its own) or a
 :class:`~gpuproof.cluster.podwatch.PodWatch` (one shared watch, for fan-outs) the same way; either ends early on a
-pod that can never start. The waits on other objects are named too: :func:`wait_quota_computed`,
-:func:`wait_events_naming`.
+pod that can never start. The conditions themselves live in :mod:`gpuproof.cluster.podconditions` (so the run's
+own waits use them too) and are given out here. The waits on other objects are named too:
+:func:`wait_quota_computed`, :func:`wait_events_naming`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 from .api import watch_until
-
-FINISHED = ("Succeeded", "Failed")
-
-
-@dataclasses.dataclass(frozen=True)
-class PodCondition:
-    """A condition on one pod and what it says (``what``, e.g. "to be Running": the end of "waiting for pod X ...").
-
-    ``test`` sees the pod, or None where a shared watch has not seen it (or saw it go); only :data:`pod_gone` holds
-    for None."""
-
-    what: str
-    test: Callable[[Any], bool]
-
-    def __call__(self, pod) -> bool:
-        return self.test(pod)
-
-    def named(self, what: str) -> PodCondition:
-        """The same condition saying more of why it is waited for."""
-        return dataclasses.replace(self, what=what)
-
-
-def _phase(pod) -> str | None:
-    return pod.status.phase if pod is not None and pod.status else None
-
-
-def is_ready(pod) -> bool:
-    """The pod's Ready condition is True."""
-    for cond in (pod.status.conditions or []) if pod is not None and pod.status else []:
-        if cond.type == "Ready":
-            return cond.status == "True"
-    return False
-
-
-pod_scheduled = PodCondition("to be scheduled", lambda p: p is not None and bool(p.spec.node_name))
-pod_running = PodCondition("to be Running", lambda p: _phase(p) == "Running")
-pod_ready = PodCondition("to be Ready", is_ready)
-pod_done = PodCondition("to finish (Succeeded or Failed)", lambda p: _phase(p) in FINISHED)
-pod_started = PodCondition("to be Running (or finished)", lambda p: _phase(p) in ("Running", *FINISHED))
-pod_gone = PodCondition("to be deleted", lambda p: p is None)
+from .podconditions import (FINISHED, PodCondition, is_ready, pod_done, pod_gone, pod_ready,  # noqa: F401
+                            pod_running, pod_scheduled, pod_started)
 
 
 def wait_for(waiter, name: str, condition: PodCondition, timeout: float, stop=None) -> Any:
@@ -83,3 +45,4 @@ def wait_events_naming(core, reason: str, text: str, timeout: float, what: str) 
     return watch_until(core.list_event_for_all_namespaces,
                        lambda c: any(text in (e.message or "") for e in c.values()) and c or None,
                        timeout, what, field_selector=f"reason={reason}")
+
