@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuproof.cluster.conditions import pod_scheduled, wait_claims_gone, wait_for
 from gpuproof.discovery import access, dra
 from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, free_on
 from gpuproof.plugin.fanout import NodeSkip
@@ -112,19 +113,6 @@ def claim_uuids(run, pod, discovery) -> tuple[list[str] | None, list[str], str]:
     return sorted(d.uuid for d in got), names, ""
 
 
-def claims_gone(run, names: list[str], timeout: float) -> None:
-    """Until the pod's claims are deallocated and deleted (the next test then finds the node's devices free)."""
-    if not names:
-        return
-    from gpuproof.cluster.api import watch_until
-
-    left = set(names)
-    watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not (left & set(c)), timeout,
-                f"claims {', '.join(sorted(left))} to be deallocated and deleted",
-                describe=lambda c: f"left: {', '.join(sorted(left & set(c)))}",
-                group=dra.GROUP, version=dra.VERSION, namespace=run.namespace, plural="resourceclaims")
-
-
 def node_work(run, target, discovery, test: str):
     """One node's pod for ``test``, run by the fan-out beside the other nodes': its containers' results, what the
     granted container was allocated, and the pod's name; the pod and its claims are gone when it returns."""
@@ -146,13 +134,12 @@ def node_work(run, target, discovery, test: str):
         allocated, claims, why = None, [], ""
         with lane.pods(1), applied(run, [m], lane=lane):
             if claimed:          # the scheduler allocates the claim before it binds; it goes when the pod ends
-                pod = lane.job.watch().wait(name, lambda p: p is not None and bool(p.spec.node_name),
-                                            target.timeouts.claim_scheduled, "to be scheduled", lane.stop)
+                pod = wait_for(lane.job.watch(), name, pod_scheduled, target.timeouts.claim_scheduled, lane.stop)
                 allocated, claims, why = claim_uuids(run, pod, discovery)
             lane.wait_done(name, target.timeouts.pod_done)
             results = {c: workloads.pod_result(run, name, what=f"access pod {name} container {c}", container=c)
                        for c, _, _ in PODS[test][1]}
-        claims_gone(run, claims, target.timeouts.pod_done)
+        wait_claims_gone(run, target.timeouts.pod_done, claims)    # the next test then finds the node's devices free
         return {"pod": name, "results": results, "allocated": allocated, "why": why}
     return work
 

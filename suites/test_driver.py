@@ -18,6 +18,7 @@ probe runs at once (the fan-out, gpuproof/plugin/fanout.py), at most ``--paralle
 
 import pytest
 
+from gpuproof.cluster.conditions import wait_claims_gone
 from gpuproof.discovery import dra, driver
 from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, probe_on
 from gpuproof.plugin.fanout import NodeSkip
@@ -38,7 +39,6 @@ def _claim_probe(run, target, node, lane) -> dict:
     its claim deallocated, when this returns."""
     from gpuproof.bench import workloads
     from gpuproof.bench.base import applied, ensure_configmap
-    from gpuproof.cluster.api import watch_until
     from gpuproof.plugin.bench_checks import image
 
     ensure_configmap(run)
@@ -54,9 +54,7 @@ def _claim_probe(run, target, node, lane) -> dict:
         claims = [s.resource_claim_name for s in (pod.status.resource_claim_statuses or []) if s.resource_claim_name]
         result = workloads.pod_result(run, name, what=f"probe pod {name}")
     if claims:          # its claim goes with the pod: the node's device is free again for the next check
-        watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not set(claims) & set(c),
-                    target.timeouts.pod_done, f"claim {', '.join(claims)} of {name} to be deallocated and deleted",
-                    group=dra.GROUP, version=dra.VERSION, namespace=run.namespace, plural="resourceclaims")
+        wait_claims_gone(run, target.timeouts.pod_done, claims, who=f"claim {', '.join(claims)} of {name}")
     return result
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from ..cluster.conditions import PodCondition
+from ..cluster.conditions import PodCondition, pod_done, pod_gone, wait_all, wait_claims_gone
 from ..cluster.placement import pin_to, place, pod_manifest, tolerate  # noqa: F401  (pin_to: the suites' name for it)
 from ..discovery.nodes import GpuNode
 from ..images import PAUSE_IMAGE
@@ -136,13 +136,7 @@ class Scratch:
                     res.delete_namespaced_resource_claim_template(name, run.namespace)
         self.claims.clear()
         self.uses_claims = False
-        from ..cluster.api import watch_until
-
-        # the client's ResourceV1Api cannot decode watch events (it asks for a V1ResourceClaim model it lacks)
-        watch_until(run.cluster.custom.list_namespaced_custom_object, lambda c: not c, self.timeout,
-                    f"the test's ResourceClaims in {run.namespace} to be deallocated and deleted",
-                    describe=lambda c: f"{len(c)} left: {', '.join(sorted(c)[:5])}",
-                    group="resource.k8s.io", version="v1", namespace=run.namespace, plural="resourceclaims")
+        wait_claims_gone(run, self.timeout, who=f"the test's ResourceClaims in {run.namespace}")
 
     def _delete_pods(self, names: list[str]) -> None:
         # pods with claims end gracefully (1 s): forced away, a pod's claim is freed for the scheduler before its
@@ -151,9 +145,8 @@ class Scratch:
         for name in names:
             with contextlib.suppress(ApiException):
                 self.run.cluster.core.delete_namespaced_pod(name, self.run.namespace, grace_period_seconds=grace)
-        gone = set(names)
-        what = f"pod {names[0]} to be deleted" if len(gone) == 1 else f"the test's {len(gone)} pods to be deleted"
-        self.run.wait_pods(lambda c: not (gone & set(c)) or None, self.timeout, what)
+        n = len(set(names))
+        wait_all(self.run, names, pod_gone, self.timeout, who=f"the test's {n} pods" if n > 1 else None)
 
 
 def pod_outcome(pod) -> str:
@@ -195,8 +188,8 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
         for name in names:
             run.apply(workloads.workload_pod(name, "probe.py", args, labels=labels, namespace=run.namespace,
                                              gpus=amount, resource=resource, node=node.name, image=image(run)))
-        run.wait_pods(lambda c: all(n in c and c[n].status.phase in ("Succeeded", "Failed") for n in names) or None,
-                      target.timeouts.pod_done, f"{count} probe pods on {node.name} to finish (image pull included)")
+        wait_all(run, names, pod_done.named("to finish (image pull included)"), target.timeouts.pod_done,
+                 who=f"{count} probe pods on {node.name}")
         return [workloads.pod_result(run, n, what=f"probe pod {n}") for n in names]
     from ..bench.base import applied
 
