@@ -311,8 +311,34 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(tier))
         elif _module_fixtures(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    # a verdict that compares CPU speeds between nodes is fairest on a quiet machine: last in its worker's queue
-    items.sort(key=lambda item: bool(item.get_closest_marker("speed")))
+    # under xdist the costliest work first (tests/durations.json: the seconds of a measured run), so that no long test
+    # starts when the others are done and leaves the cores idle at the end; a verdict that compares CPU speeds between
+    # nodes is fairest on a quiet machine: last in its group's queue
+    cost = _scope_costs(items)
+    items.sort(key=lambda item: (-cost[_scope(item)], bool(item.get_closest_marker("speed"))))
+
+
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _scope(item) -> str:
+    """The work unit xdist's loadgroup schedules an item in: its group, else the item alone."""
+    group = item.get_closest_marker("xdist_group")
+    return f"@{group.args[0]}" if group and group.args else item.nodeid
+
+
+def _scope_costs(items) -> dict[str, float]:
+    """Each work unit's measured seconds (a test not in tests/durations.json counts 1 s: a new test runs among the
+    short ones until the file is measured again)."""
+    try:
+        seconds = json.loads(DURATIONS.read_text())["seconds"]
+    except (OSError, ValueError, KeyError):
+        seconds = {}
+    cost: dict[str, float] = {}
+    for item in items:
+        scope = _scope(item)
+        cost[scope] = cost.get(scope, 0.0) + float(seconds.get(item.nodeid, 1))
+    return cost
 
 
 class XdistGroups:
@@ -357,6 +383,10 @@ class XdistGroups:
 
 def pytest_configure(config):
     config.pluginmanager.register(XdistGroups(), "gpuproof-xdist-groups")
+    # loadgroup hands out work units in the order pytest_collection_modifyitems leaves them (the costliest first),
+    # not re-sorted by how many tests each holds (xdist's default, which put every one-test unit last, the longest too)
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
 
 
 # ---- the unit tier's guard

@@ -172,9 +172,10 @@ def test_bad_bundles_are_refused_in_one_line(no_go, tmp_path, capsys):
 def test_a_bundle_without_dra_serves_every_pool_but_those_offered_through_dra(no_go, tmp_path, monkeypatch):
     maker, _ = no_go
     monkeypatch.setenv("GPUPROOF_CACHE", str(maker))
-    small = tmp_path / "nodra.tar.xz"
-    manifest = bundle.make(small, dra=False)
+    small = tmp_path / "nodra.tar"                                 # uncompressed (--uncompressed): read as well
+    manifest = bundle.make(small, dra=False, compress=False)
     assert manifest["without"] == ["dra"]
+    assert manifest["size"] >= manifest["raw"], manifest          # a plain tar
     names = {f"{p['folder']}/{n}" for p in manifest["pieces"] for n in p["files"]}
     assert not [n for n in names if "containerd" in n or "cdi-hook" in n or n.endswith("/gpu-kubelet-plugin")], names
     monkeypatch.setenv("GPUPROOF_CACHE", str(tmp_path / "clean-nodra"))

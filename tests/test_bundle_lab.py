@@ -6,10 +6,11 @@ it, every check that needs kubelet nodes run and passed there (issue #28's pod p
 That whole-suite run is the project's one run of lab: from the bundle, it proves the bundle and the pod paths at once
 (issue #37: one lab cluster fewer than a run from the Go build and another from the bundle).
 
-The bundles are made once per module with ``--fast`` (xz -1: what is under test is the bundle's contents and their
-install, not its size, which benchmarks/RESULTS.md records at xz -9e) unless ``GPUPROOF_TEST_BUNDLE`` and
-``GPUPROOF_TEST_BUNDLE_WITHOUT_DRA`` name ones already made from this checkout. The module is an xdist group of its
-own: its private clusters run beside the other kubelet tests' in another worker.
+The bundles are made once per module with ``--uncompressed`` (a plain tar: what is under test is the bundle's
+contents and their install, not its size, which benchmarks/RESULTS.md records at xz -9e; tests/test_bundle.py reads xz
+ones) unless ``GPUPROOF_TEST_BUNDLE`` and ``GPUPROOF_TEST_BUNDLE_WITHOUT_DRA`` name ones already made from this
+checkout. The module is an xdist group of its own: its private clusters run beside the other kubelet tests' in another
+worker.
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def _bundle(factory, variable: str, *flags: str) -> Path:
     given = os.environ.get(variable)
     if given:
         return Path(given)
-    out = factory.mktemp("bundle") / "gpuproof-bundle.tar.xz"
-    subprocess.run([sys.executable, "-m", "gpuproof", "sim", "bundle", "--fast", *flags, "-o", str(out)], check=True,
-                   timeout=3600)
+    out = factory.mktemp("bundle") / "gpuproof-bundle.tar"
+    subprocess.run([sys.executable, "-m", "gpuproof", "sim", "bundle", "--uncompressed", *flags, "-o", str(out)],
+                   check=True, timeout=3600)
     return out
 
 

@@ -65,13 +65,18 @@ def register(sub) -> None:
                                   "NFD, CoreDNS, containerd 1.7, NVIDIA's device plugin, GFD, DRA driver and mock "
                                   "NVML, the pause image. Built first where missing (that needs Go). Install it "
                                   "where there is no Go with `gpuproof sim install FILE` (or GPUPROOF_BUNDLE=FILE).")
-    bd.add_argument("-o", "--output", required=True, metavar="FILE", help="the bundle to write (.tar.xz)")
+    bd.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="the bundle to write (.tar.xz; .tar with --uncompressed)")
     bd.add_argument("--without-dra", action="store_true",
                     help="leave out NVIDIA's DRA driver, containerd 1.7 and nvidia-cdi-hook (only pools offered "
                          "through DRA use them; the gpu-host fleet does not)")
-    bd.add_argument("--fast", action="store_true",
-                    help="compress with xz -1 instead of -9e: about twice the size in a small fraction of the time "
-                         "(a bundle that needs not fit a size limit)")
+    packing = bd.add_mutually_exclusive_group()
+    packing.add_argument("--fast", action="store_true",
+                         help="compress with xz -1 instead of -9e: about twice the size in a small fraction of the "
+                              "time (a bundle that needs not fit a size limit)")
+    packing.add_argument("--uncompressed", action="store_true",
+                         help="write a plain tar, in seconds (about 130 MiB: a bundle that stays on this machine or "
+                              "a fast disk)")
     bd.set_defaults(func=_bundle)
 
     ins = s.add_parser("install", help="install a bundle into the build cache (no Go needed after)",
@@ -171,7 +176,8 @@ def _build(args) -> int:
 def _bundle(args) -> int:
     from ..sim import bundle
 
-    m = bundle.make(args.output, progress=progress, dra=not args.without_dra, fast=args.fast)
+    m = bundle.make(args.output, progress=progress, dra=not args.without_dra, fast=args.fast,
+                    compress=not args.uncompressed)
     mib = m["size"] / 2**20
     progress(f"bundle {args.output}: {mib:.1f} MiB ({m['raw'] / 2**20:.0f} MiB unpacked, "
              f"{sum(len(p['files']) for p in m['pieces'])} files) in {m['seconds']:.0f}s"

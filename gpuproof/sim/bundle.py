@@ -181,9 +181,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = False) -> dict:
-    """Write the bundle to ``out`` (``dra=False``: without the DRA pieces; ``fast``: xz -1 instead of -9e); returns
-    its manifest (with ``size`` and ``seconds``)."""
+def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = False,
+         compress: bool = True) -> dict:
+    """Write the bundle to ``out`` (``dra=False``: without the DRA pieces; ``fast``: xz -1 instead of -9e;
+    ``compress=False``: a plain tar, written in seconds, for a bundle that stays on the machine or a fast disk, and
+    the project's own tests of what a bundle holds and installs); returns its manifest (with ``size`` and
+    ``seconds``). Installing reads any of them."""
     t0 = time.monotonic()
     pieces = gather(progress, dra=dra)
     root = _binaries.cache_root()
@@ -201,14 +204,17 @@ def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = 
                 "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pieces": manifest_pieces}
     biggest = max(src.stat().st_size for _, src in entries)
     raw = sum(src.stat().st_size for _, src in entries)
-    progress(f"compressing {len(entries)} files ({raw / 2**20:.0f} MiB) into {out} "
-             + ("(xz -1, x86 filter)" if fast else "(xz -9e, x86 filter; several minutes on 2 cores)"))
+    how = ("(a plain tar, uncompressed)" if not compress else "(xz -1, x86 filter)" if fast
+           else "(xz -9e, x86 filter; several minutes on 2 cores)")
+    progress(f"{'compressing' if compress else 'writing'} {len(entries)} files ({raw / 2**20:.0f} MiB) into {out} "
+             f"{how}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=_filters(biggest, fast)) as xz, \
-                tarfile.open(fileobj=xz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        stream = (lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=_filters(biggest, fast)) if compress
+                  else open(tmp, "wb"))
+        with stream as xz, tarfile.open(fileobj=xz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             data = json.dumps(manifest, indent=1).encode()
             _add(tar, MANIFEST, io.BytesIO(data), len(data), 0o644)
             for arc, src in entries:
@@ -277,7 +283,7 @@ def install(path: Path, progress: Progress = _quiet) -> dict:
     try:
         try:
             manifest: dict = {}
-            with tarfile.open(path, mode="r|xz") as tar:         # a stream: read once, from its start
+            with tarfile.open(path, mode="r|*") as tar:          # a stream (xz or plain): read once, from its start
                 for member in tar:
                     if not manifest:
                         manifest = _read_manifest(tar, path, member)
@@ -341,7 +347,7 @@ def from_env(progress: Progress = _quiet) -> None:
 
 def check(path: Path) -> list[str]:
     """The cache files the installed bundle at ``path`` should have put there but that are missing (names)."""
-    with tarfile.open(path, mode="r|xz") as tar:
+    with tarfile.open(path, mode="r|*") as tar:
         manifest = _read_manifest(tar, path)
     root = _binaries.cache_root()
     return [f"{p['folder']}/{n}" for p in manifest["pieces"]
