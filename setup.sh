@@ -86,7 +86,7 @@ if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
   echo "[setup] kubelet, kube-proxy, CoreDNS and NFD's nfd-master for kubelet nodes (built once from controlplane/kube, controlplane/coredns and controlplane/nfd)"
   .venv/bin/python -c 'from gpuproof.sim import clusternet, kubelet; kubelet.kubelet_binary(); kubelet.nfd_master(); clusternet.build()' >/dev/null
   echo "[setup] containerd 1.7 and nvidia-cdi-hook for DRA kubelet nodes (built once from controlplane/containerd and controlplane/cdihook)"
-  .venv/bin/python -c 'from gpuproof.sim import kubelet_dra; kubelet_dra.containerd(); kubelet_dra.cdi_hook()' >/dev/null
+  .venv/bin/python -c 'from gpuproof.sim.kubelet import dra; dra.containerd(); dra.cdi_hook()' >/dev/null
 fi
 # every kubelet and device plugin holds inotify instances (about 6 a kubelet node); the kernel's default of 128 per
 # user runs out at about three lab-sized clusters and NVIDIA's device plugin then exits with "too many open

@@ -314,8 +314,7 @@ def pytest_collection_modifyitems(config, items):
     # under xdist the costliest work first (tests/durations.json: the seconds of a measured run), so that no long test
     # starts when the others are done and leaves the cores idle at the end; a verdict that compares CPU speeds between
     # nodes is fairest on a quiet machine: last in its group's queue
-    cost = _scope_costs(items)
-    items.sort(key=lambda item: (-cost[_scope(item)], bool(item.get_closest_marker("speed"))))
+    costliest_first(items)
 
 
 DURATIONS = Path(__file__).with_name("durations.json")
@@ -325,6 +324,13 @@ def _scope(item) -> str:
     """The work unit xdist's loadgroup schedules an item in: its group, else the item alone."""
     group = item.get_closest_marker("xdist_group")
     return f"@{group.args[0]}" if group and group.args else item.nodeid
+
+
+def costliest_first(items) -> None:
+    """Sort the items by their work unit's measured seconds, costliest first; a unit's tests stay together and in
+    their order, a `speed` test last."""
+    cost = _scope_costs(items)
+    items.sort(key=lambda item: (-cost[_scope(item)], bool(item.get_closest_marker("speed"))))
 
 
 def _scope_costs(items) -> dict[str, float]:

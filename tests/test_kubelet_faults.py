@@ -1,6 +1,6 @@
 """Node faults on kubelet nodes (issue #28) that fail the checks about pods on the node: NVIDIA's device plugin
 crash-looping, and gpuproof's health pod that cannot start. Each fault changes only what one node holds; the
-kubelet, containerd and NVIDIA's plugin make the failure (``gpuproof/sim/kubelet_faults.py``), and the check fails
+kubelet, containerd and NVIDIA's plugin make the failure (``gpuproof/sim/kubelet/faults.py``), and the check fails
 on that node through the user's entry point (``gpuproof run``), naming node, expected and actual, while the
 healthy node beside it passes.
 

@@ -283,3 +283,27 @@ def test_a_group_split_over_workers_fails_the_session(tiering):
         groups.pytest_runtest_logreport(Report(nodeid, worker))
     assert groups.split() == ["tests/conftest.py: the xdist group 'kubelet' ran in 2 workers (gw0, gw1), not one: "
                               "its tests compete for what they judge"]
+
+
+def test_the_costliest_work_is_handed_out_first(tiering, monkeypatch, tmp_path):
+    """Work units (a group, or a test alone) in the order of their measured seconds, a unit's tests together and in
+    their order, the `speed` test last in its group; a test the file does not list counts 1 s."""
+    durations = tmp_path / "durations.json"
+    durations.write_text('{"seconds": {"t.py::long": 300, "t.py::k1": 100, "t.py::k2": 100, "t.py::mid": 50}}')
+    monkeypatch.setattr(tiering, "DURATIONS", durations)
+
+    class Item:
+        def __init__(self, nodeid, *marks):
+            self.nodeid, self.marks = nodeid, {m.name: m for m in marks}
+
+        def get_closest_marker(self, name):
+            return self.marks.get(name)
+
+    kubelet = pytest.mark.xdist_group("kubelet").mark
+    items = [Item("t.py::short"), Item("t.py::slow", kubelet, pytest.mark.speed.mark), Item("t.py::mid"),
+             Item("t.py::k1", kubelet), Item("t.py::long"), Item("t.py::k2", kubelet), Item("t.py::new")]
+    cost = tiering._scope_costs(items)
+    assert cost["@kubelet"] == 201 and cost["t.py::new"] == 1
+    tiering.costliest_first(items)
+    assert [i.nodeid for i in items] == ["t.py::long", "t.py::k1", "t.py::k2", "t.py::slow", "t.py::mid",
+                                         "t.py::short", "t.py::new"]
