@@ -168,11 +168,16 @@ def test_sigkilled_owner_leaves_nothing(tmp_path):
         time.sleep(0.2)
         left = host_leftovers(cluster)
     assert left == [], f"left on the host after the owner was SIGKILLed: {left}"
-    assert not [p for p in Path("/proc").glob("[0-9]*") if _in_cgroup(p, f"gpuproof-{cluster}")]
+    running = [p.name for p in Path("/proc").glob("[0-9]*") if _in_cgroup(p, f"gpuproof-{cluster}")]
+    assert not running, f"processes still running in the removed cgroup gpuproof-{cluster}: {running}"
 
 
 def _in_cgroup(proc: Path, name: str) -> bool:
+    """Whether the process runs in that cgroup: an exited one its parent has not yet waited for (a zombie, state Z)
+    still names the cgroup it left, though it runs nothing and the cgroup could be removed."""
     try:
+        if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
         return name in (proc / "cgroup").read_text()
-    except OSError:
+    except (OSError, IndexError):
         return False
