@@ -221,7 +221,7 @@ def test_concurrent_streams_share_decode_steps(server):
 def test_capacity_search_finds_a_known_service_rate(tmp_path):
     """Against a queue that starts at most 10 answers per second: the ramp (2, 4, 8, 16) must fail at
     16, where the stub completes 10 per second and the rest pile up; the next probe is just below
-    that, and the capacity is a rate the stub sustains (its pace window allows 2 answers either way
+    what 16 completed, and the capacity is a rate the stub sustains (its pace window allows 2 answers either way
     over 2 s: up to 1 req/s above the service rate can pass unseen)."""
     url, proc = start_process("loadstub.py", tmp_path, "--ttft-ms", "50", "--token-gap-ms", "5",
                               "--service-rps", "10")
@@ -241,7 +241,10 @@ def test_capacity_search_finds_a_known_service_rate(tmp_path):
     assert over["completion_rps"] <= 10.0 + 2 / over["pace_window_s"]
     assert over["queue_growth"] > 0 and over["sent_rps"] >= 16 * 0.95   # sent on schedule; the queue grew
     assert r["bound_by"] == "server" and "fell behind" in r["bound_reason"], r["bound_reason"]
-    assert r["first_failing_rps"] == 16.0 and steps[4]["offered_rps"] < over["completion_rps"]   # probed below it
+    # probed below it: that probe fails too where it lies above the service rate (10.5 req/s once, in a CI run), so
+    # the lowest failing rate is 16 or a probe above 10
+    assert steps[4]["offered_rps"] < over["completion_rps"]
+    assert r["first_failing_rps"] == 16.0 or 10.0 < r["first_failing_rps"] < 16.0, r["first_failing_rps"]
     assert 8.0 <= r["capacity_rps"] <= 11.0 and r["capacity_rps"] == r["max_passing_rps"]
     assert r["capacity_completion_rps"] == r["at_capacity"]["completion_rps"]
     assert r["saturation_rps"] <= 10.0 + 2 / over["pace_window_s"]
