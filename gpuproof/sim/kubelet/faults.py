@@ -88,7 +88,14 @@ def _last_error(client, pod) -> str:
     return f"exited {last[0].exit_code}" if last else "exited"
 
 
-CFS_PERIOD_US = 100_000
+CFS_MIN_QUOTA_US = 1_000        # the kernel's least quota
+
+
+def cfs_period_us(pct: int) -> int:
+    """The CFS period for a share of ``pct`` percent: 20 ms where its quota is at least the kernel's least (1 ms),
+    else as long as that needs. Short, so the kernel holds the share over each 20 ms and not over 100 ms: one
+    census figure of a node held to 5% over 100 ms periods read 4 times the others (bursts inside a period)."""
+    return max(20_000, -(-CFS_MIN_QUOTA_US * 100 // pct))
 
 
 def limit_pod_cpu(cpu_root: Path, wanted: list[tuple], progress: Progress) -> dict[str, int]:
@@ -103,8 +110,9 @@ def limit_pod_cpu(cpu_root: Path, wanted: list[tuple], progress: Progress) -> di
         if not (group / "cpu.cfs_quota_us").exists():
             progress(f"cpuPercent on {node.name} not applied: the kubelet made no {group}")
             continue
-        (group / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
-        (group / "cpu.cfs_quota_us").write_text(str(CFS_PERIOD_US * pct // 100))
+        period = cfs_period_us(pct)
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(period * pct // 100))
         limited[node.name] = pct
     if limited:
         progress("pods held to " + ", ".join(f"{pct}% of a core on {n}" for n, pct in sorted(limited.items()))
