@@ -1,18 +1,24 @@
-"""The gpu-host fleet's view of the host (issue #42 item 2): the driver library and the GPUs' device nodes under the
-driver root ($GPUPROOF_HOST_DRIVER_ROOT: here laid out as the DRA nodes' mock driver root is), and its one-line
-refusal without them."""
+"""The gpu-host fleet (issue #42 item 2): the driver library and the GPUs' device nodes under the driver root
+($GPUPROOF_HOST_DRIVER_ROOT), its one-line refusals, and the fleet over a driver root whose library is NVIDIA's mock
+NVML (a CPU machine has no other): the GPUs asked of that NVML, and a whole run on its kubelet node."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+from pathlib import Path
+
 import pytest
+import yaml
 
 from gpuproof.errors import FleetError
 from gpuproof.sim import gpuhost
-from gpuproof.sim.fleet_file import load_fleet
-
-pytestmark = pytest.mark.unit
+from gpuproof.sim.fleet_file import load_fleet, parse_fleet
 
 
+
+@pytest.mark.unit
 def test_the_driver_and_gpus_are_found_under_the_driver_root(tmp_path, monkeypatch):
     root = tmp_path / "driver"
     (root / "usr" / "lib64").mkdir(parents=True)
@@ -27,12 +33,129 @@ def test_the_driver_and_gpus_are_found_under_the_driver_root(tmp_path, monkeypat
     assert lib == root / "usr" / "lib64" / "libnvidia-ml.so.1"
     assert [g.name for g in gpus] == ["nvidia0", "nvidia1", "nvidia10"]
     assert gpuhost.refusal() == ""
-    with pytest.raises(FleetError, match=r"^fleet gpu-host: found 3 GPU\(s\) .* not built yet"):
+    assert gpuhost.host_driver().devices == ()            # empty files, not character devices
+
+
+@pytest.mark.server    # tier: NVML asked in a child process
+def test_a_driver_whose_nvml_does_not_answer_is_refused_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "usr" / "lib64").mkdir(parents=True)
+    (tmp_path / "usr" / "lib64" / "libnvidia-ml.so.1").write_text("not a library")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    monkeypatch.setenv(gpuhost.ROOT_ENV, str(tmp_path))
+    with pytest.raises(FleetError) as err:
         load_fleet("gpu-host")
+    assert str(err.value).startswith(f"fleet gpu-host: NVML in {tmp_path / 'usr' / 'lib64'} failed: ")
+    assert "\n" not in str(err.value) and "NVML" in str(err.value).split("failed: ")[1], str(err.value)
 
 
+@pytest.mark.unit
 def test_without_a_gpu_the_fleet_is_refused_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv(gpuhost.ROOT_ENV, str(tmp_path))
     with pytest.raises(FleetError) as err:
         load_fleet("gpu-host")
     assert str(err.value).startswith("fleet gpu-host: this machine has no NVIDIA GPU") and "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------ over a driver root of NVIDIA's mock NVML
+
+A100 = {"product": "NVIDIA-A100-SXM4-40GB", "count": 2}
+
+
+def mock_driver_root(tmp_path: Path, monkeypatch) -> tuple[Path, dict]:
+    """A driver root as a host's: NVIDIA's mock ``libnvidia-ml.so.1`` in ``usr/lib64`` (copied: the nodes mount the
+    folder into pods), ``dev/nvidia0``, ``dev/nvidia1`` and ``dev/nvidiactl`` with NVIDIA's device numbers, and the
+    mock's config (two A100s) in ``$MOCK_NVML_CONFIG``. Returns the root and that config."""
+    from gpuproof.sim import nvidia
+    from gpuproof.sim.gpunodes import mock_config
+
+    sw = nvidia.locate()
+    root = tmp_path / "driver"
+    (root / "usr" / "lib64").mkdir(parents=True)
+    (root / "dev").mkdir()
+    shutil.copyfile((sw.lib / gpuhost.LIB).resolve(), root / "usr" / "lib64" / gpuhost.LIB)
+    for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
+        os.mknod(root / "dev" / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+    pool = parse_fleet({"name": "h", "pools": [{"name": "h", "count": 1, "gpu": dict(A100)}]}, source="h").pools[0]
+    config = mock_config(sw, pool.gpu, seed="gpu-host/this-machine")
+    (tmp_path / "mock-nvml.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    monkeypatch.setenv(gpuhost.ROOT_ENV, str(root))
+    monkeypatch.setenv(gpuhost.MOCK_ENV, str(tmp_path / "mock-nvml.yaml"))
+    return root, config
+
+
+@pytest.mark.build     # tier: NVIDIA's mock NVML (built by setup.sh) loaded in a child process
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
+def test_the_fleet_is_what_the_drivers_nvml_says(tmp_path, monkeypatch):
+    """Product, count, memory, compute capability, driver and CUDA versions are NVML's answers, never assumed; the
+    node's device files are the driver root's (GPUs and control files, with their device numbers)."""
+    root, config = mock_driver_root(tmp_path, monkeypatch)
+    fleet = load_fleet("gpu-host")
+    (pool,) = fleet.pools
+    assert (fleet.name, pool.name, pool.count, pool.backend) == ("gpu-host", "gpu-host", 1, "kubelet")
+    want = config["device_defaults"]
+    assert pool.gpu.product == want["name"].replace(" ", "-") == "NVIDIA-A100-SXM4-40GB"
+    assert pool.gpu.count == 2 and pool.gpu.memory_mib == want["memory"]["total_bytes"] // 2**20
+    assert pool.gpu.compute == (8, 0) and pool.gpu.family == "ampere"
+    assert pool.gpu.driver_version == config["system"]["driver_version"]
+    assert pool.gpu.cuda_version == config["system"]["cuda_version"]
+    driver = pool.host_driver
+    assert driver.lib_dir == str(root / "usr" / "lib64") and not driver.cuda      # the mock has no libcuda.so.1
+    assert driver.devices == (("nvidia0", os.makedev(195, 0)), ("nvidia1", os.makedev(195, 1)),
+                              ("nvidiactl", os.makedev(195, 255)))
+    assert driver.mock_config == str(tmp_path / "mock-nvml.yaml")
+
+
+@pytest.mark.kubelet   # tier: `gpuproof run --fleet gpu-host` as a process, a kubelet node
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
+def test_a_run_on_the_gpu_host_node_over_its_driver(tmp_path, monkeypatch):
+    """The gpu-host fleet over a mock driver root: NVIDIA's device plugin and GFD load that driver's NVML (not the
+    image's) and advertise and label its two GPUs; a pod granted one sees exactly that one through the node's device
+    files (the driver root's device numbers), a pod granted none sees none; the workloads keep the CPU path (the
+    driver has no CUDA). What a real driver adds (CUDA in the pods) is benchmarks/gpu_run.sh's on a GPU machine."""
+    from gpuproof.sim import kubelet
+    from test_kubelet_pods import gpuproof_run, records
+
+    if kubelet.missing():
+        pytest.skip(kubelet.missing())
+    _, config = mock_driver_root(tmp_path, monkeypatch)
+    uuids = {d["uuid"] for d in config["devices"]}
+    proc, run = gpuproof_run(tmp_path, "--fleet", "gpu-host", "-k", "advertisement or labels or "
+                             "TestSecureAcceleratorAccess")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    checks = records(run, "checks.jsonl")
+    on_node = [r for r in checks if r["target"] == "gpu-host-0"]
+    assert on_node and all(r["verdict"] != "fail" for r in checks), [r for r in checks if r["verdict"] == "fail"]
+    passed = {r["check"] for r in on_node if r["verdict"] == "pass"}
+    assert {"access-granted-one-gpu", "access-ungranted-none", "access-envvar-none", "access-sibling-none"} <= passed
+    granted = next(r for r in on_node if r["check"] == "access-granted-one-gpu")
+    assert sum(u in granted["actual"] for u in uuids) == 1, granted          # one of the driver's two GPUs
+    inventory = (run / "inventory.json").read_text()
+    assert "NVIDIA-A100-SXM4-40GB" in inventory, "the product the driver's NVML named, in the run's inventory"
+
+
+@pytest.mark.unit
+def test_nvidias_pods_and_the_workloads_load_the_host_drivers_library():
+    """Over a host driver, NVIDIA's DaemonSets mount the driver's library folder and put it first on
+    LD_LIBRARY_PATH (before the image's mock), privileged (the toolkit's part on a real node); workload pods are lent
+    the folder the same way and compute on CUDA only where the driver has libcuda.so.1."""
+    from gpuproof.sim.kubelet import device_plugin_daemonset, gfd_daemonset, workload_image
+    from gpuproof.sim.kubelet.gpu import HOST_DRIVER_IN_POD
+
+    driver = gpuhost.HostDriver("/usr/lib/x86_64-linux-gnu", (("nvidia0", os.makedev(195, 0)),))
+    for make in (device_plugin_daemonset, gfd_daemonset):
+        plain, host = (make("img")["spec"]["template"]["spec"], make("img", driver)["spec"]["template"]["spec"])
+        (c,) = host["containers"]
+        assert {"name": "LD_LIBRARY_PATH", "value": HOST_DRIVER_IN_POD} in c["env"]
+        assert c["securityContext"] == {"privileged": True} and "securityContext" not in plain["containers"][0]
+        mount = next(m for m in c["volumeMounts"] if m["mountPath"] == HOST_DRIVER_IN_POD)
+        vol = next(v for v in host["volumes"] if v["name"] == mount["name"])
+        assert vol["hostPath"]["path"] == driver.lib_dir and mount["readOnly"]
+    image = workload_image("w", driver)
+    env = dict(image.env)
+    lent = dict((c, h) for h, c in image.host_paths)
+    first = env["LD_LIBRARY_PATH"].split(":")[0]
+    assert lent[first] == driver.lib_dir
+    assert image.device == ("cuda" if driver.cuda else "cpu") and workload_image("w").device == "cpu"
+    assert "LD_LIBRARY_PATH" not in dict(workload_image("w").env)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Any
 
 from .. import catalog
 from .. import vocab as d
@@ -173,6 +174,7 @@ class Pool:
     label_scheme: str = "gfd"
     offer: str = "device-plugin"
     backend: str = "kwok"
+    host_driver: Any = None     # gpuhost.HostDriver: the gpu-host fleet's node runs over this machine's own driver
 
     @property
     def device_plugin(self) -> bool:

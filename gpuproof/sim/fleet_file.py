@@ -5,6 +5,7 @@ Long: one validator per section of the fleet file, each naming the file and the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
@@ -492,9 +493,11 @@ def load_fleet(path: str | os.PathLike) -> Fleet:
     """Read and validate a fleet file. A bare name like ``mixed`` means a shipped fleet; ``gpu-host`` is this
     machine's own GPUs (:mod:`gpuproof.sim.gpuhost`)."""
     if str(path) == "gpu-host" and not Path(path).exists():
-        from .gpuhost import fleet
+        from .gpuhost import fleet_data
 
-        return fleet()
+        data, driver, source = fleet_data()
+        parsed = parse_fleet(data, source)
+        return dataclasses.replace(parsed, pools=[dataclasses.replace(p, host_driver=driver) for p in parsed.pools])
     p = resolve_fleet_path(path)
     try:
         text = p.read_text()

@@ -88,6 +88,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         return
     t0 = time.monotonic()
     gpu = [(n, p) for n, p in wanted if p.gpu is not None]
+    host_driver = next((p.host_driver for _, p in gpu if p.host_driver is not None), None)    # the gpu-host fleet
     files, image, nfd, crashed = {}, "", None, set()
     if gpu:
         from .. import images, nvidia
@@ -104,10 +105,11 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
     state = start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout,
                   private=private, extra_images=[image] if image else [], api_service=service,
                   gpus={n.name: p.gpu.count for n, p in gpu},
+                  devices={n.name: p.host_driver.devices for n, p in gpu if p.host_driver is not None},
                   node_images=faults.node_images(wanted, {"workloads": workloads} if image else {},
                                                  {n: [dra_image] for n in dra_nodes}))
     if gpu:
-        lent.save(sim_dir, workloads[1])
+        lent.save(sim_dir, workloads[1], host_driver)
     clusternet.deploy(client, state, progress)
     client.wait_nodes_ready([n.name for n, _ in wanted], timeout=timeout)
     faults.limit_pod_cpu(CGROUP / "cpu" / state.cgroup, wanted, progress)
@@ -115,7 +117,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         start_nfd_master(sim_dir, state, nfd, client)
         _create(client, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PLUGIN_NAMESPACE}},
                          *gfd_rbac()])
-        for ds in (device_plugin_daemonset(image[1]), gfd_daemonset(image[1])):
+        for ds in (device_plugin_daemonset(image[1], host_driver), gfd_daemonset(image[1], host_driver)):
             with contextlib.suppress(ApiException):
                 client.apps.delete_namespaced_daemon_set(ds["metadata"]["name"], PLUGIN_NAMESPACE)
             client.apps.create_namespaced_daemon_set(PLUGIN_NAMESPACE, ds)

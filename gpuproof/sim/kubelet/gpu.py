@@ -45,6 +45,12 @@ def node_files(sw, fleet, node: Node, pool) -> dict[str, str]:
     from ..gpunodes import mock_config, plugin_config
 
     index = pool.node_names().index(node.name)
+    if pool.host_driver is not None:       # the gpu-host node: its GPUs are the host driver's, NVML is not the mock's
+        files = {f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False),
+                 f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
+        if pool.host_driver.mock_config:   # a driver root that is NVIDIA's mock (tests) reads its GPUs from here
+            files[f"{NODE_FILES}/mock-nvml.yaml"] = Path(pool.host_driver.mock_config).read_text()
+        return files
     config = yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}",
                                         failures=pool.nvml_failures(index)), sort_keys=False)
     plugin = pool.node_plugin_config(index, plugin_config(pool))         # with its faults' devicePluginConfig
@@ -77,11 +83,23 @@ def _mock_overrides(sw, config: str, commands: list[str], node: str) -> str:
 # ---------------------------------------------------------------------------- NVIDIA's DaemonSets
 
 
-def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], **spec) -> dict:
-    """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files from /etc/gpuproof."""
+HOST_DRIVER_IN_POD = "/usr/local/nvidia/host-driver"     # the host driver's library folder in NVIDIA's pods
+
+
+def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], host_driver=None, **spec) -> dict:
+    """A DaemonSet of NVIDIA's image on the GPU nodes, reading the node's files from /etc/gpuproof. Over a host
+    driver (the gpu-host fleet: a :class:`gpuproof.sim.gpuhost.HostDriver`), it loads that driver's NVML (its folder
+    first on ``LD_LIBRARY_PATH``, before the image's mock) and sees the host's GPUs (privileged: what NVIDIA's
+    container toolkit gives NVIDIA's pods on a real node)."""
     labels = {"app.kubernetes.io/name": app}
     container, volumes = with_node_files({"image": container.pop("image"), "imagePullPolicy": "Never", **container},
                                          volumes)
+    if host_driver is not None:
+        container = {**container, "securityContext": {"privileged": True},
+                     "env": [*container["env"], {"name": "LD_LIBRARY_PATH", "value": HOST_DRIVER_IN_POD}],
+                     "volumeMounts": [*container["volumeMounts"], {"name": "host-driver",
+                                                                   "mountPath": HOST_DRIVER_IN_POD, "readOnly": True}]}
+        volumes = [*volumes, {"name": "host-driver", "hostPath": {"path": host_driver.lib_dir, "type": "Directory"}}]
     return {
         "apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": PLUGIN_NAMESPACE, "labels": labels},
@@ -91,20 +109,21 @@ def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict],
     }
 
 
-def device_plugin_daemonset(image: str) -> dict:
-    """NVIDIA's device plugin as its chart runs it, over the node's mock NVML and the pool's config file."""
+def device_plugin_daemonset(image: str, host_driver=None) -> dict:
+    """NVIDIA's device plugin as its chart runs it, over the node's mock NVML (or ``host_driver``'s) and the pool's
+    config file."""
     return _nvidia_daemonset("nvidia-device-plugin-daemonset", "nvidia-device-plugin", {
         "name": "nvidia-device-plugin-ctr", "image": image,
         "command": ["/usr/bin/nvidia-device-plugin", "--config-file=/etc/gpuproof/device-plugin-config.yaml"],
         # device specs for the GPUs it allocates, so a container sees only those (containerd 1.6: no CDI, no NRI)
         "env": [{"name": "PASS_DEVICE_SPECS", "value": "true"}, {"name": "NVIDIA_DEV_ROOT", "value": DEV_ROOT}],
         "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"}]},
-        [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}],
+        [{"name": "device-plugin", "hostPath": {"path": "/var/lib/kubelet/device-plugins"}}], host_driver,
         affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": DRA_NODE_LABEL, "operator": "DoesNotExist"}]}]}}})
 
 
-def gfd_daemonset(image: str) -> dict:
+def gfd_daemonset(image: str, host_driver=None) -> dict:
     """NVIDIA's GPU Feature Discovery as its chart runs it: it writes the node's labels into a NodeFeature
     object (``--use-node-feature-api``), which NFD's master turns into the node's labels."""
     field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
@@ -114,7 +133,7 @@ def gfd_daemonset(image: str) -> dict:
                     "--config-file=/etc/gpuproof/device-plugin-config.yaml",
                     "--machine-type-file=/etc/gpuproof/machine-type"],
         "env": [{"name": "NODE_NAME", **field("spec.nodeName")}, {"name": "NAMESPACE", **field("metadata.namespace")},
-                {"name": "POD_NAME", **field("metadata.name")}]}, [], serviceAccountName=GFD_ACCOUNT)
+                {"name": "POD_NAME", **field("metadata.name")}]}, [], host_driver, serviceAccountName=GFD_ACCOUNT)
 
 
 def gfd_rbac() -> list[dict]:

@@ -14,13 +14,20 @@ from .layout import state_dir
 WORKLOAD_IMAGE_FILE = "workload-image.json"
 
 
-def workload_image(name: str):
+HOST_DRIVER_IN_POD = "/opt/nvidia/host-driver"      # the gpu-host node's driver library folder in workload pods
+
+
+def workload_image(name: str, host_driver=None):
     """How gpuproof's workload pods run on kubelet nodes: the workloads image (NVIDIA's mock NVML), the host's
     ``/usr``, Python and virtualenv read-only at their own paths (the interpreter this process runs, so the pods
     have torch, nvidia-ml-py and locust exactly as this host does), and the node's mock NVML config, where the
     NVIDIA container toolkit would give a real node's driver (the host's ``/usr`` at ``/host/usr``: the image's
     own ``/usr`` takes what NVIDIA's CDI injection mounts there). The workloads take their CPU path (``device``):
-    NVML answers for the node's GPUs, CUDA has none."""
+    NVML answers for the node's GPUs, CUDA has none.
+
+    On the gpu-host node (``host_driver``, a :class:`gpuproof.sim.gpuhost.HostDriver`) the pods are lent the driver's
+    library folder too, first on ``LD_LIBRARY_PATH`` (its NVML before the image's mock), and compute on CUDA where the
+    driver has it."""
     from ...images import Image
 
     import sysconfig
@@ -33,15 +40,22 @@ def workload_image(name: str):
                   os.path.realpath(sys.executable), sys.prefix]
     paths = list(dict.fromkeys(os.path.realpath(p) for p in python))
     host = [("/usr", HOST_USR)] + [(p, p) for p in paths if not any(p.startswith(q + "/") for q in paths)]
+    env = [("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/bin:/bin"), ("MOCK_NVML_CONFIG", MOCK_CONFIG_IN_POD),
+           ("PYTHONNOUSERSITE", "1")]
+    if host_driver is not None:
+        from ..images import WORKLOADS_LIB
+
+        host.append((host_driver.lib_dir, HOST_DRIVER_IN_POD))
+        env.append(("LD_LIBRARY_PATH", f"{HOST_DRIVER_IN_POD}:{WORKLOADS_LIB}"))
     return Image(name, host_paths=tuple(host), node_paths=((f"/var/lib/{NODE_FILES}", NODE_FILES_IN_POD),),
-                 env=(("PATH", f"{os.path.realpath(sys.prefix)}/bin:/usr/bin:/bin"),
-                      ("MOCK_NVML_CONFIG", MOCK_CONFIG_IN_POD), ("PYTHONNOUSERSITE", "1")),
-                 pull_policy="Never", device="cpu")
+                 env=tuple(env), pull_policy="Never",
+                 device="cuda" if host_driver is not None and host_driver.cuda else "cpu")
 
 
-def save(sim_dir: Path, image: str) -> None:
+def save(sim_dir: Path, image: str, host_driver=None) -> None:
     """Keep the workload image of image ``image`` beside the nodes' state (:func:`lent_image` reads it)."""
-    (state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE).write_text(json.dumps(workload_image(image).to_json()))
+    (state_dir(Path(sim_dir)) / WORKLOAD_IMAGE_FILE).write_text(json.dumps(workload_image(image, host_driver)
+                                                                           .to_json()))
 
 
 def lent_image(sim_dir: Path):

@@ -34,12 +34,15 @@ def _quiet(msg: str) -> None:
 def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, dict[str, str]] | None = None,
           progress: Progress = _quiet, timeout: float = 180.0, private: bool = False,
           extra_images: list[tuple[Path, str]] | None = None, api_service: str = "",
-          gpus: dict[str, int] | None = None, node_images: dict[str, list[tuple[Path, str]]] | None = None) -> State:
+          gpus: dict[str, int] | None = None, node_images: dict[str, list[tuple[Path, str]]] | None = None,
+          devices: dict[str, tuple[tuple[str, int], ...]] | None = None) -> State:
     """Start a kubelet node for each of ``nodes``; returns when their containerds answer (not yet Ready).
 
     ``gpu_files``: node name -> {path under the node's /var/lib: content} (its mock NVML config ...);
     ``gpus``: node name -> how many ``/dev/nvidia<N>`` device nodes it has (under ``DEV_ROOT``);
-    ``node_images``: node name -> images only that node imports (``extra_images``: every node).
+    ``node_images``: node name -> images only that node imports (``extra_images``: every node);
+    ``devices``: node name -> its ``/dev`` files as (name, device number), instead of ``gpus`` (the gpu-host node:
+    the host driver's own).
     """
     why = missing()
     if why:
@@ -61,7 +64,9 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
         progress(f"kubelet nodes: network for {len(nodes)} node(s) on bridge {state.bridge} ({state.gateway}/24)")
         network.up(state, nodes)
         for n in nodes:
-            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), (gpus or {}).get(n.name, 0),
+            nvidia = (devices or {}).get(n.name) or tuple(
+                (f"nvidia{i}", os.makedev(NVIDIA_MAJOR, i)) for i in range((gpus or {}).get(n.name, 0)))
+            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), nvidia,
                         [*tars, *(node_images or {}).get(n.name, [])], timeout)
             _save(sim_dir, state)
             progress(f"kubelet node {n.name}: containerd and kubelet started ({n.ip(state.subnet)})")
@@ -71,8 +76,8 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     return state
 
 
-def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str], gpus: int,
-                tars: list[tuple[Path, str]], timeout: float) -> None:
+def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str],
+                nvidia: tuple[tuple[str, int], ...], tars: list[tuple[Path, str]], timeout: float) -> None:
     from .. import images
 
     root = state_dir(sim_dir) / n.name
@@ -86,10 +91,10 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
     # the runtime makes them in a container that is allocated them, and NVIDIA's mock NVML shows a process
     # only the GPUs whose /dev/nvidia<N> exist (engine.go, detectVisibleDevices). They live in the node's folder.
     dev = var_lib / Path(DEV_ROOT).relative_to("/var/lib") / "dev"
-    for i in range(gpus):
+    for name, number in nvidia:
         dev.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
-            os.mknod(dev / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, i))
+            os.mknod(dev / name, 0o666 | stat.S_IFCHR, number)
     runtime = None
     if n.dra:       # NVIDIA's DRA driver reads the driver root around dev/; its CDI specs need containerd 1.7
         dra.driver_root(dev.parent, var_lib / NODE_FILES / "mock-nvml.yaml")
