@@ -53,6 +53,11 @@ bench inference "${GPU_RUN_INFERENCE_S:-240}"
 # is, 50 MiB, carried beside the repository) is installed into the build cache, so nothing is built here; then the gpu-host fleet (one
 # kubelet node over this machine's driver and GPUs) runs the suite with the benchmarks, its records in gpu-host/.
 BUNDLE=${GPU_RUN_BUNDLE:-gpuproof-bundle.tar.xz}
+# what a kubelet node needs of this machine, said at once (a first GPU run learns every lack in one go): root,
+# cgroup v1 (the type of /sys/fs/cgroup), capabilities, the tools, the driver gpu-host would use
+step host-needs 30 sh -c "stat -fc 'cgroup fs: %T' /sys/fs/cgroup; grep -E '^Cap(Eff|Bnd)' /proc/self/status;
+$PY -c 'from gpuproof.sim import gpuhost; from gpuproof.sim.kubelet import missing
+print(missing() or \"kubelet nodes: nothing missing\"); print(gpuhost.refusal() or gpuhost.host_driver())'"
 if [ -f "$BUNDLE" ]; then
     step bundle 90 $PY -m gpuproof sim install "$BUNDLE"
 else

@@ -42,17 +42,18 @@ def cluster(tmp_path_factory):
 
 
 class GpuproofRun:
-    """`gpuproof run -k taints` against the private cluster, its output read line by line as it comes."""
+    """`gpuproof run -k taints` (or ``select``) against the private cluster, its output read line by line as it
+    comes."""
 
     def __init__(self, cluster, tmp_path: Path, rid: str, *options: str, kubeconfig: str | None = None,
-                 pytest_args: tuple[str, ...] = ("--no-lease",)):
+                 pytest_args: tuple[str, ...] = ("--no-lease",), select: str = "taints"):
         self.cluster, self.rid, self.reports = cluster, rid, tmp_path / "reports"
         self.lines: list[str] = []
         self.ended = False
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuproof", "run", "--kubeconfig", kubeconfig or cluster.kubeconfig,
-             "--report-dir", str(self.reports), "--run-id", rid, "--progress-after", "2", *options, "-k", "taints",
+             "--report-dir", str(self.reports), "--run-id", rid, "--progress-after", "2", *options, "-k", select,
              "--", *pytest_args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         threading.Thread(target=self._read, name=f"read-{rid}", daemon=True).start()
 

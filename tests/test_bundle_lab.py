@@ -171,18 +171,34 @@ def test_the_whole_suite_passes_on_lab_from_the_bundle_with_its_pod_paths(made_b
     assert (tmp_path / "evidence" / "PRODUCT.md").is_file()
 
 
-LAB_WITHOUT_DRA = Path(__file__).parent / "data" / "fleets" / "lab-without-dra.yaml"
-
-
 @pytest.mark.sim
-@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, kubelet nodes
+@pytest.mark.kubelet  # tier: `gpuproof run --fleet` as a process, a kubelet node
 @pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
-def test_a_bundle_without_dra_runs_lab_without_its_dra_node_and_refuses_lab(bundle_without_dra, tmp_path):
-    """The bundle the GPU machine carries (``--without-dra``, under 56 MiB): lab less its DRA node is green from it;
-    lab itself is refused in one line, naming the flag."""
-    proc, _, took = run_without_go(bundle_without_dra, tmp_path / "a", str(LAB_WITHOUT_DRA),
-                                   "-k", "discovery or nodes or advertisement or labels or health")
-    assert proc.returncode == 0, f"lab without DRA from the bundle failed:\n{proc.stdout[-5000:]}{proc.stderr[-3000:]}"
-    print(f"lab without its DRA node from the --without-dra bundle, install included: {took:.0f}s", file=sys.stderr)
+def test_the_bundle_without_dra_runs_the_gpu_host_fleet_and_refuses_lab(bundle_without_dra, tmp_path, monkeypatch):
+    """What the GPU machine does (benchmarks/gpu_run.sh): the ``--without-dra`` bundle installed with no Go, then the
+    gpu-host fleet over the host's driver, here a driver root whose library is NVIDIA's mock NVML
+    (tests/test_gpuhost.py): NVIDIA's device plugin and GFD load that driver's NVML and advertise and label its two
+    GPUs; a pod granted one sees exactly that one through the node's device files (the driver root's device
+    numbers), a pod granted none sees none; the workloads keep the CPU path (the driver has no CUDA). lab itself is
+    refused in one line, naming the flag."""
+    from test_gpuhost import mock_driver_root
+
+    _, config = mock_driver_root(tmp_path / "host", monkeypatch)
+    uuids = {d["uuid"] for d in config["devices"]}
+    proc, run, took = run_without_go(bundle_without_dra, tmp_path / "a", "gpu-host",
+                                     "-k", "advertisement or labels or TestSecureAcceleratorAccess")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and run, f"gpu-host from the bundle failed:\n{out[-5000:]}"
+    print(f"gpu-host over the mock driver from the --without-dra bundle, install included: {took:.0f}s",
+          file=sys.stderr)
+    checks = records(run, "checks.jsonl")
+    on_node = [r for r in checks if r["target"] == "gpu-host-0"]
+    assert on_node and all(r["verdict"] != "fail" for r in checks), [r for r in checks if r["verdict"] == "fail"]
+    passed = {r["check"] for r in on_node if r["verdict"] == "pass"}
+    assert {"access-granted-one-gpu", "access-ungranted-none", "access-envvar-none", "access-sibling-none",
+            "capacity-matches-count", "gfd-labels-on-gpu-node"} <= passed, sorted(passed)
+    granted = next(r for r in on_node if r["check"] == "access-granted-one-gpu")
+    assert sum(u in granted["actual"] for u in uuids) == 1, granted          # one of the driver's two GPUs
+    assert "NVIDIA-A100-SXM4-40GB" in (run / "inventory.json").read_text()   # the product the driver's NVML named
     proc, _, _ = run_without_go(bundle_without_dra, tmp_path / "b", "lab", "-k", "nodes")
     assert proc.returncode != 0 and "made with --without-dra" in proc.stdout + proc.stderr, proc.stderr[-3000:]

@@ -1,6 +1,7 @@
 """The gpu-host fleet (issue #42 item 2): the driver library and the GPUs' device nodes under the driver root
 ($GPUPROOF_HOST_DRIVER_ROOT), its one-line refusals, and the fleet over a driver root whose library is NVIDIA's mock
-NVML (a CPU machine has no other): the GPUs asked of that NVML, and a whole run on its kubelet node."""
+NVML (a CPU machine has no other): the GPUs asked of that NVML, and the manifests over it. A whole run on its
+kubelet node, from the bundle the GPU machine carries, is tests/test_bundle_lab.py's."""
 
 from __future__ import annotations
 
@@ -104,35 +105,6 @@ def test_the_fleet_is_what_the_drivers_nvml_says(tmp_path, monkeypatch):
     assert driver.devices == (("nvidia0", os.makedev(195, 0)), ("nvidia1", os.makedev(195, 1)),
                               ("nvidiactl", os.makedev(195, 255)))
     assert driver.mock_config == str(tmp_path / "mock-nvml.yaml")
-
-
-@pytest.mark.kubelet   # tier: `gpuproof run --fleet gpu-host` as a process, a kubelet node
-@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes needs root")
-def test_a_run_on_the_gpu_host_node_over_its_driver(tmp_path, monkeypatch):
-    """The gpu-host fleet over a mock driver root: NVIDIA's device plugin and GFD load that driver's NVML (not the
-    image's) and advertise and label its two GPUs; a pod granted one sees exactly that one through the node's device
-    files (the driver root's device numbers), a pod granted none sees none; the workloads keep the CPU path (the
-    driver has no CUDA). What a real driver adds (CUDA in the pods) is benchmarks/gpu_run.sh's on a GPU machine."""
-    from gpuproof.sim import kubelet
-    from test_kubelet_pods import gpuproof_run, records
-
-    if kubelet.missing():
-        pytest.skip(kubelet.missing())
-    _, config = mock_driver_root(tmp_path, monkeypatch)
-    uuids = {d["uuid"] for d in config["devices"]}
-    proc, run = gpuproof_run(tmp_path, "--fleet", "gpu-host", "-k", "advertisement or labels or "
-                             "TestSecureAcceleratorAccess")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    checks = records(run, "checks.jsonl")
-    on_node = [r for r in checks if r["target"] == "gpu-host-0"]
-    assert on_node and all(r["verdict"] != "fail" for r in checks), [r for r in checks if r["verdict"] == "fail"]
-    passed = {r["check"] for r in on_node if r["verdict"] == "pass"}
-    assert {"access-granted-one-gpu", "access-ungranted-none", "access-envvar-none", "access-sibling-none"} <= passed
-    granted = next(r for r in on_node if r["check"] == "access-granted-one-gpu")
-    assert sum(u in granted["actual"] for u in uuids) == 1, granted          # one of the driver's two GPUs
-    inventory = (run / "inventory.json").read_text()
-    assert "NVIDIA-A100-SXM4-40GB" in inventory, "the product the driver's NVML named, in the run's inventory"
 
 
 @pytest.mark.unit
