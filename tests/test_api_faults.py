@@ -3,8 +3,8 @@ that pauses (SIGSTOP/SIGCONT), kills and restarts its API server at chosen point
 limit. Each case asserts the exit code, the one line, the report files, the records kept, no false verdict, and
 nothing of the run left after `gpuproof clean`. The cases share one private cluster (minimal fleet: one tainted L4
 node) and run one after another in one worker (its module fixture); the shared cluster of the other tests is never
-touched. Deleting a node is tests/test_node_lost.py's; killing the API server during cleanup without `gpuproof clean`
-is tests/test_cut_short.py's.
+touched. Deleting a node is tests/test_node_lost.py's; a kubelet node's pod waits are
+tests/test_api_faults_kubelet.py's.
 """
 
 from __future__ import annotations
@@ -247,8 +247,11 @@ def restarted_once_scheduled(cluster, run: GpuproofRun) -> list[dict]:
 
 def test_an_api_server_killed_during_cleanup_leaves_what_gpuproof_clean_removes(cluster, tmp_path):
     """SIGKILL once the run's namespace is being deleted, started again only after the run ended: exit 75, one line
-    naming the cleanup, the whole report, every verdict kept; then `gpuproof clean` removes what the run left."""
-    run = GpuproofRun(cluster, tmp_path, "cleanup", "--api-deadline", "5")
+    naming the cleanup, the whole report, every verdict kept, run.json's outcome saying so (the case issue #41
+    reports: it ended as `internal error: MaxRetryError`, exit 70, without summary.md, report.html or parquet); then
+    `gpuproof clean` removes what the run left. The API deadline is the default one (120 s), as a user's run has it:
+    the cleanup asks once more briefly, whatever the deadline."""
+    run = GpuproofRun(cluster, tmp_path, "cleanup")
     try:
         run.wait_cleanup()
         os.kill(_apiserver(cluster), signal.SIGKILL)
@@ -262,6 +265,8 @@ def test_an_api_server_killed_during_cleanup_leaves_what_gpuproof_clean_removes(
         and "gpuproof clean" in said[0], out[-3000:]
     checks = _no_false_verdict(run, out)
     assert {c["check"] for c in checks if c["verdict"] == "pass"} >= set(TAINTS), checks
+    outcome = json.loads((run.path / "run.json").read_text())["outcome"]
+    assert "cut short: the API server stopped answering" in outcome, outcome
     print(said[0])
     _clean(cluster, run.rid)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
-from gpuproof.bench import get
+from gpuproof.bench import census, get
+from gpuproof.bench.base import CPU_PEER_PCT
 from gpuproof.cli.options import add_selection_options, selection_argv
 from gpuproof.plugin import bench_checks
 from gpuproof.results import MetricRecord
@@ -32,6 +33,9 @@ def test_quick_sizes_on_the_cpu_and_on_a_gpu():
     bench = get("allreduce")
     full = bench_checks.bench_params(bench, run_on("cpu", quick=False))
     assert full["max_bytes"] == bench.cpu_defaults["max_bytes"] and full["sizes"] is None
+    # stragglers at the CPU's peer floor (the census's too), the workload's own 80% on a GPU (unset: its default)
+    assert full["straggler_pct"] == CPU_PEER_PCT == census.CPU_POOL_PCT
+    assert bench_checks.bench_params(bench, run_on("cuda", quick=False))["straggler_pct"] is None
     quick = bench_checks.bench_params(bench, run_on("cpu", quick=True), {"straggler_pct": 70})
     assert {k: quick[k] for k in bench.ci_params} == bench.ci_params and quick["straggler_pct"] == 70
     # a GPU node keeps its own thread and process counts; only the sizes shrink

@@ -38,7 +38,7 @@ import statistics
 
 from ..errors import GpuproofError
 from ..results import MetricRecord
-from .base import NodeBenchmark, register
+from .base import CPU_PEER_PCT, NodeBenchmark, register
 
 FLOORS_ENV = "GPUPROOF_CENSUS_FLOORS"
 FLOOR_KEYS = {"pool": "pool_pct", "matmul": "matmul_pct", "copy": "copy_pct"}
@@ -135,9 +135,7 @@ def parse_floors(text: str, source: str = FLOORS_ENV) -> Floors:
     return Floors(**values)
 
 
-# the pool floor where the figures are the CPU's (kubelet nodes over NVIDIA's mock NVML): pods measured at once share
-# the cores of one machine, so a node's figure moves with its neighbours' by more than GPUs of one SKU ever differ
-CPU_POOL_PCT = 50.0
+CPU_POOL_PCT = CPU_PEER_PCT       # the pool floor where the figures are the CPU's (base.CPU_PEER_PCT says why)
 
 
 def floors_from_env(environ=None, device: str = "cuda") -> Floors:

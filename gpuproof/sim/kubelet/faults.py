@@ -16,8 +16,9 @@ The fault only changes what the node holds; the kubelet, containerd and NVIDIA's
   resync (measured: a changed ``nvidia.com/cuda.driver-version.full`` stayed over 5 minutes), so the node claims
   what its GPUs do not have (a driver version NVML in its pods does not report).
 - ``cpuPercent``: the share of one CPU core the node's pods may use together, written as the CFS quota of the
-  kubelet's ``kubepods`` cgroup once the node is Ready (the kernel then throttles them): a slow node, made by the
-  kernel, for the census to find among its peers.
+  kubelet's ``kubepods`` cgroup once the cluster is up (NVIDIA's device plugin and GFD running, CoreDNS answering;
+  the kernel then throttles the node's pods): a slow node, made by the kernel, for the census to find among its
+  peers.
 """
 
 from __future__ import annotations
