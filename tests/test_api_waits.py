@@ -200,6 +200,29 @@ def test_a_pod_watch_broken_by_the_api_server_ends_its_waits_as_cut_never_as_tim
         watch.wait("p", lambda p: False, 60, "to finish")
 
 
+
+def test_a_pod_watch_failing_otherwise_says_so_when_its_wait_times_out():
+    """A watch that fails for another reason than a silent API server (an answer the client cannot read) leaves its
+    cache as it was: a wait that then times out says so beside what it last saw, so a pod "not found" there is not
+    taken for a pod that is gone (a matrix run's wait once timed out so, with nothing said why)."""
+    import threading
+    from types import SimpleNamespace
+
+    from gpuproof.cluster.api import InFlight
+    from gpuproof.cluster.podwatch import PodWatch
+    from gpuproof.errors import WaitTimeout
+
+    watch = PodWatch.__new__(PodWatch)           # its state only: no thread, no cluster
+    watch.run = SimpleNamespace(namespace="gpuproof-r", cluster=SimpleNamespace(
+        api=SimpleNamespace(gpuproof_inflight=InFlight()), nodewatch=None))
+    watch.cache, watch.tick, watch._cond = {}, 0.1, threading.Condition()
+    watch._ready = threading.Event()
+    watch._ready.set()
+    watch.error, watch.error_since = ValueError("Invalid value for `phase`"), time.monotonic() - 3
+    with pytest.raises(WaitTimeout, match=r"\(last seen: pod not found; the namespace's pod watch has failed for the "
+                                          r"last 3s: Invalid value for `phase`\)"):
+        watch.wait("p", lambda p: False, 0.2, "to finish")
+
 @pytest.mark.server  # tier: pytest as a process, with gpuproof's plugin
 def test_an_api_server_gone_for_the_api_deadline_stops_the_run_and_a_broken_stream_is_not_judged(tmp_path):
     """ApiGone (no answer for the API deadline): the check is not judged and the session stops there, the checks to

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout
+from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout, one_line
 from .conditions import PodCondition, pod_done, pod_gone
 from .nodewatch import pod_node, raise_if_node_lost
 from .api import (_describe_pod, _raise_if_kubelet_silent, _raise_if_never_starts, _root_cause, api_deadline_of_client,
@@ -139,6 +139,10 @@ class PodWatch:
                 if left <= 0:
                     state = _describe_pod(pod) if self._ready.is_set() else (
                         f"the pod list never arrived: {_root_cause(self.error)}" if self.error else "no answer yet")
+                    if self._ready.is_set() and self.error is not None:   # what it saw may be stale: say why
+                        failing = time.monotonic() - self.error_since
+                        state += (f"; the namespace's pod watch has failed for the last {failing:.0f}s: "
+                                  f"{one_line(_root_cause(self.error), 200)}")
                     if cut:       # what it waited for may have been lost with the API server (a scheduler's update)
                         raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {full} (last seen: {state}), "
                                              f"after the API server broke off the wait ({cut}): what it waited for "
