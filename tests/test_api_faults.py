@@ -188,7 +188,8 @@ def test_an_api_server_paused_under_a_check_is_waited_for_and_the_run_passes(clu
 def test_an_api_server_paused_past_the_api_deadline_stops_the_run_with_its_report(cluster, tmp_path):
     """SIGSTOP once the run's first check pod exists, and no SIGCONT until the run has ended: with --api-deadline 5
     the run stops, cut short (exit 75), in one line naming the request and the deadline; its report is written,
-    the check it was in is not judged, nothing is failed. Resumed, `gpuproof clean` leaves nothing."""
+    the check it was in is not judged (or, where the pause met its test's teardown, was judged before it), nothing
+    is failed. Resumed, `gpuproof clean` leaves nothing."""
     run = GpuproofRun(cluster, tmp_path, "frozen", "--api-deadline", "5")
     pid = _apiserver(cluster)
     try:
@@ -207,7 +208,10 @@ def test_an_api_server_paused_past_the_api_deadline_stops_the_run_with_its_repor
     assert took < 120, (took, out[-3000:])            # not hanging: the deadline, the cleanup's brief try, the end
     checks = _no_false_verdict(run, out)
     cut = [c for c in checks if c["verdict"] == "skip" and c["message"].startswith("not judged: the API server ")]
-    assert cut, checks
+    # the check in flight is not judged; unless the pause came once it was judged and the request that went
+    # unanswered was its test's teardown (a DELETE of its pod: once in the CI, with every taints check passed)
+    assert cut or re.search(r"did not answer DELETE /api/v1/namespaces/gpuproof-frozen/pods/", said[0]), \
+        (said[0], checks)
     meta = json.loads((run.path / "run.json").read_text())
     assert "cut short: the API server did not answer" in meta["outcome"], meta["outcome"]
     print(f"ended {took:.0f}s after the pause: {said[0]}")
