@@ -113,7 +113,7 @@ def test_nvidias_pods_and_the_workloads_load_the_host_drivers_library():
     LD_LIBRARY_PATH (before the image's mock), privileged (the toolkit's part on a real node); workload pods are lent
     the folder the same way and compute on CUDA only where the driver has libcuda.so.1."""
     from gpuproof.sim.kubelet import device_plugin_daemonset, gfd_daemonset, workload_image
-    from gpuproof.sim.kubelet.gpu import HOST_DRIVER_IN_POD
+    from gpuproof.sim.kubelet.host import HOST_DRIVER_IN_POD
 
     driver = gpuhost.HostDriver("/usr/lib/x86_64-linux-gnu", (("nvidia0", os.makedev(195, 0)),))
     for make in (device_plugin_daemonset, gfd_daemonset):

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -85,18 +86,15 @@ class HostDriver:
 def host_driver(root: str | os.PathLike | None = None) -> HostDriver:
     lib, gpus = find_driver(root)
     dev = driver_root(root) / "dev"
-    control = [dev / n for n in CONTROL_DEVICES if (dev / n).exists()]
-    devices = tuple((p.name, os.stat(p).st_rdev) for p in [*gpus, *control] if _is_char_device(p))
-    return HostDriver(str(lib.parent), devices, os.environ.get(MOCK_ENV, ""))
-
-
-def _is_char_device(p: Path) -> bool:
-    import stat
-
-    try:
-        return stat.S_ISCHR(os.stat(p).st_mode)
-    except OSError:
-        return False
+    devices = []
+    for p in [*gpus, *(dev / n for n in CONTROL_DEVICES)]:
+        try:
+            st = os.stat(p)
+        except OSError:                     # a control file this driver has not made
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            devices.append((p.name, st.st_rdev))
+    return HostDriver(str(lib.parent), tuple(devices), os.environ.get(MOCK_ENV, ""))
 
 
 # what NVML says about the GPUs, asked in a child process that loads the driver's library (nvidia-ml-py loads

@@ -16,8 +16,8 @@ import yaml
 from ...errors import ControlPlaneError
 from .. import binaries as _binaries
 from . import cgroups, faults
-from .host import (DEV_ROOT, DRA_NODE_LABEL, GFD_ACCOUNT, NFD_NAMESPACE, NODE_FILES, NVIDIA_NODE_LABEL,
-                   PLUGIN_NAMESPACE, _create, _sh, _spawn, with_node_files)
+from .host import (DEV_ROOT, DRA_NODE_LABEL, GFD_ACCOUNT, HOST_DRIVER_IN_POD, NFD_NAMESPACE, NODE_FILES,
+                   NVIDIA_NODE_LABEL, PLUGIN_NAMESPACE, _create, _sh, _spawn, with_node_files)
 from .layout import Node, State, _save, state_dir
 
 Progress = Callable[[str], None]
@@ -45,18 +45,16 @@ def node_files(sw, fleet, node: Node, pool) -> dict[str, str]:
     from ..gpunodes import mock_config, plugin_config
 
     index = pool.node_names().index(node.name)
+    plugin = pool.node_plugin_config(index, plugin_config(pool))         # with its faults' devicePluginConfig
+    files = {f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin, sort_keys=False),
+             f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
     if pool.host_driver is not None:       # the gpu-host node: its GPUs are the host driver's, NVML is not the mock's
-        files = {f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin_config(pool), sort_keys=False),
-                 f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
         if pool.host_driver.mock_config:   # a driver root that is NVIDIA's mock (tests) reads its GPUs from here
             files[f"{NODE_FILES}/mock-nvml.yaml"] = Path(pool.host_driver.mock_config).read_text()
         return files
     config = yaml.safe_dump(mock_config(sw, pool.gpu, seed=f"{fleet.name}/{node.name}",
                                         failures=pool.nvml_failures(index)), sort_keys=False)
-    plugin = pool.node_plugin_config(index, plugin_config(pool))         # with its faults' devicePluginConfig
-    files = {f"{NODE_FILES}/mock-nvml.yaml": config,
-             f"{NODE_FILES}/device-plugin-config.yaml": yaml.safe_dump(plugin, sort_keys=False),
-             f"{NODE_FILES}/machine-type": f"{pool.instance_type or pool.name}\n"}
+    files[f"{NODE_FILES}/mock-nvml.yaml"] = config
     commands = pool.nvml_ctl(index)
     if commands:
         files[f"{NODE_FILES}/{MOCK_OVERRIDES}"] = _mock_overrides(sw, config, commands, node.name)
@@ -81,9 +79,6 @@ def _mock_overrides(sw, config: str, commands: list[str], node: str) -> str:
 
 
 # ---------------------------------------------------------------------------- NVIDIA's DaemonSets
-
-
-HOST_DRIVER_IN_POD = "/usr/local/nvidia/host-driver"     # the host driver's library folder in NVIDIA's pods
 
 
 def _nvidia_daemonset(name: str, app: str, container: dict, volumes: list[dict], host_driver=None, **spec) -> dict:

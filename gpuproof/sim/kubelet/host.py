@@ -64,6 +64,7 @@ NODE_FILES_IN_POD = "/etc/gpuproof"                      # where NVIDIA's pods a
 MOCK_CONFIG_IN_POD = f"{NODE_FILES_IN_POD}/mock-nvml.yaml"
 DEV_ROOT = f"/var/lib/{NODE_FILES}/driver"               # the node's /dev/nvidia<N> are under <DEV_ROOT>/dev
 NVIDIA_MAJOR = 195                                       # the major number of NVIDIA's /dev/nvidia<N>
+HOST_DRIVER_IN_POD = "/opt/nvidia/host-driver"           # the gpu-host node's driver library folder, in its pods
 
 
 def with_node_files(container: dict, volumes: list[dict]) -> tuple[dict, list[dict]]:

@@ -8,13 +8,10 @@ import os
 import sys
 from pathlib import Path
 
-from .host import MOCK_CONFIG_IN_POD, NODE_FILES, NODE_FILES_IN_POD
+from .host import HOST_DRIVER_IN_POD, MOCK_CONFIG_IN_POD, NODE_FILES, NODE_FILES_IN_POD
 from .layout import state_dir
 
 WORKLOAD_IMAGE_FILE = "workload-image.json"
-
-
-HOST_DRIVER_IN_POD = "/opt/nvidia/host-driver"      # the gpu-host node's driver library folder in workload pods
 
 
 def workload_image(name: str, host_driver=None):
