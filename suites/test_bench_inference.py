@@ -57,8 +57,7 @@ def test_inference_endpoint(target, run, run_dir, check):
                     f"the endpoint from this host")
     bench = get("inference")
     params = bench.params(endpoint, device=bench_checks.device(run))
-    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=bench_checks.image(run),
-                                  loadgen_image=bench_checks.loadgen_image(run))
+    result = bench.run_in_cluster(run, params, product="endpoint", node=None, image=bench_checks.image(run))
     records = bench.to_records(result, node="endpoint", product=endpoint["model"] or "endpoint")
     for r in records:
         r.parameters.setdefault("run_mode", "cluster")

@@ -27,8 +27,13 @@ def test_without_local_is_refused(capsys):
 
 
 def test_all_with_sizes_is_ambiguous(capsys, tmp_path):
-    assert main(["bench", "--local", "all", "--sizes", "64", "--out", str(tmp_path)]) == 2
-    assert "--matmul-sizes" in capsys.readouterr().err
+    """--sizes means matrices to matmul and messages to all-reduce (their classes' ``shared_options``): with both in
+    one run, in either order, it is refused naming each one's own option."""
+    for todo in ("all", "allreduce,matmul"):
+        assert main(["bench", "--local", todo, "--sizes", "64", "--out", str(tmp_path)]) == 2
+        assert ("--sizes is ambiguous with both matmul and allreduce (their sizes differ); use --matmul-sizes and "
+                "--allreduce-sizes") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())       # refused before a run folder is made
 
 
 @pytest.mark.server  # tier: gpuproof bench --local as a process

@@ -10,7 +10,12 @@ A benchmark is a registered class (SuperBench style) with
   JSON result (with the raw utilization samples under ``"samples"``);
 - ``to_records(result, node=, product=) -> list[MetricRecord]``: long-format records;
 - ``manifests(params, labels=, namespace=, ...) -> list[dict]`` and
-  ``run_in_cluster(run, params, ...)``: the same workload in a cluster.
+  ``run_in_cluster(run, params, ...)``: the same workload in a cluster;
+- what ``gpuproof bench --local`` asks of it: ``cli_params(args, device)`` (which of its options it takes),
+  ``headline(result)`` (the line it prints), ``local_modules`` (what must be installed), ``shared_options``
+  (options two benchmarks read in senses of their own) and ``samples_utilization``.
+
+Each benchmark is a module of this package; :mod:`gpuproof.bench.benchmarks` imports them in order.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any, Callable, ClassVar
 
 from ..errors import GpuproofError, WaitTimeout
 from ..results import MetricRecord
+from . import metrics
 from . import workloads as wl
 
 REGISTRY: dict[str, type["Benchmark"]] = {}
@@ -139,6 +145,11 @@ def read_samples(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
+def present(records) -> list[MetricRecord]:
+    """The records that have a value (:meth:`Benchmark.record` gives None for a missing one)."""
+    return [r for r in records if r is not None]
+
+
 def flag_args(params: dict, mapping: dict[str, str]) -> list[str]:
     """CLI flags for the parameters that are set: {"iters": "--iters"} -> ["--iters", "50"]."""
     out: list[str] = []
@@ -184,9 +195,16 @@ class Benchmark:
     def workload_args(self, params: dict) -> list[str]:
         return flag_args(params, self.flags)
 
-    # -- `gpuproof bench --local`: what of its command line a benchmark takes, and the line it prints
-    def cli_params(self, args) -> dict:
-        """The parameters this benchmark takes from ``gpuproof bench``'s options (None: its default)."""
+    # -- `gpuproof bench --local`: what of its command line a benchmark takes, what it needs here, the line it prints
+    local_modules: ClassVar[tuple[str, ...]] = ("torch",)   # what it needs installed here (the 'bench' extra's)
+    # options it reads in a sense of its own (matmul's --sizes are matrices, all-reduce's messages): with two such
+    # benchmarks in one run the option is ambiguous, and each takes --<name>-<option> instead
+    shared_options: ClassVar[tuple[str, ...]] = ()
+    samples_utilization: ClassVar[bool] = True   # its result says what was sampled (noted when nothing was)
+
+    def cli_params(self, args, device: str = "auto") -> dict:
+        """The parameters this benchmark takes from ``gpuproof bench``'s options (None: its default), on
+        ``device`` (what this host computes on: cpu or cuda)."""
         return {"threads": args.threads}
 
     def headline(self, result: dict) -> str:
@@ -205,6 +223,10 @@ class Benchmark:
     # -- records
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         raise NotImplementedError
+
+    def utilization_records(self, result: dict, node: str, product: str) -> list[MetricRecord]:
+        """The utilization summary the workload's sampler left in ``result``, as this benchmark's records."""
+        return metrics.to_records(result.get("utilization") or {}, benchmark=self.name, node=node, product=product)
 
     def record(self, metric: str, value: Any, unit: str, params: dict, node: str, product: str) -> MetricRecord | None:
         if value is None:

@@ -10,8 +10,7 @@ H100 from an H200 where matmul does not.
 from __future__ import annotations
 
 from ..results import MetricRecord
-from .base import Benchmark, register
-from .benchmarks import _keep, _utilization
+from .base import Benchmark, present, register
 
 
 @register
@@ -27,7 +26,7 @@ class Hbm(Benchmark):
              "warmup": "--warmup", "product": "--product", "sample_hz": "--sample-hz", "threads": "--threads"}
     timeout_s = 1800
 
-    def cli_params(self, args) -> dict:
+    def cli_params(self, args, device: str = "auto") -> dict:
         return {"threads": args.threads, "size": args.hbm_size, "iters": args.iters}
 
     def headline(self, result: dict) -> str:
@@ -50,4 +49,4 @@ class Hbm(Benchmark):
                 self.record("throttled_fraction", r.get("throttled_fraction"), "ratio", p, node, product),
                 self.record("check_ok", bool(r.get("check_ok")), "bool", p, node, product),
             ]
-        return _keep(recs) + _utilization(self, result, node, product)
+        return present(recs) + self.utilization_records(result, node, product)

@@ -145,24 +145,40 @@ def _dcgm(args, run_dir, name: str, start: float, end: float, exporters: dict) -
           + (f" (exporter {exporters[name]['releases']})" if records else ""), file=sys.stderr)
 
 
+def _refuse_ambiguous(args, todo: list[str]) -> None:
+    """An option two of the benchmarks read in senses of their own (--sizes: matmul's matrices, all-reduce's
+    messages) is refused when both run; each has its own (--matmul-sizes, --allreduce-sizes)."""
+    from ..bench import get, names
+
+    readers: dict[str, list[str]] = {}
+    for name in names():            # the registry's order, whatever the command line's
+        if name in todo:
+            for option in get(name).shared_options:
+                readers.setdefault(option, []).append(name)
+    for option, both in readers.items():
+        if len(both) > 1 and getattr(args, option):
+            raise GpuproofError(f"--{option} is ambiguous with both {' and '.join(both)} (their {option} differ); "
+                                f"use {' and '.join(f'--{n}-{option}' for n in both)}")
+
+
 def _bench(args) -> int:
     if not args.local:
         raise GpuproofError("gpuproof bench runs on this host only: add --local. To benchmark a cluster's GPUs "
                             "run the bench suites: gpuproof run --kubeconfig <file> --only-bench")
     todo = args.benchmark
-    if {"matmul", "allreduce"} <= set(todo) and args.sizes:
-        raise GpuproofError("--sizes is ambiguous with both matmul and allreduce (their sizes differ); "
-                            "use --matmul-sizes and --allreduce-sizes")
+    from ..bench import get
+
+    _refuse_ambiguous(args, todo)
     from .extras import require
 
-    # the workloads run here, as subprocesses: torch for all, locust for the load generator
-    require("bench", ["torch"] + (["locust"] if "inference" in todo else []),
+    # the workloads run here, as subprocesses: what each benchmark needs (torch; locust for a load generator)
+    require("bench", list(dict.fromkeys(m for name in todo for m in get(name).local_modules)),
             "gpuproof bench --local")
     from ..results import _SAFE, RunDir
 
     if args.run_id and not _SAFE.match(args.run_id):
         raise GpuproofError(f"--run-id {args.run_id!r} is not a safe folder name (letters, digits, '.', '_', '-')")
-    from ..bench.benchmarks import run_and_record
+    from ..bench import run_and_record
     from ..bench.metrics import unavailable_reason
 
     device = _device(args.device)
@@ -174,13 +190,7 @@ def _bench(args) -> int:
     for name in todo:
         print(f"gpuproof bench: {name} ...", file=sys.stderr, flush=True)
         t0 = time.time()
-        from ..bench import get
-
-        params = get(name).params(get(name).cli_params(args), device=device)
-        if name == "allreduce" and device == "cuda" and args.nproc is None:
-            import torch
-
-            params["nproc"] = max(1, torch.cuda.device_count())
+        params = get(name).params(get(name).cli_params(args, device), device=device)
         try:
             result, records = run_and_record(name, run_dir, params, echo=not args.quiet)
         except GpuproofError as exc:
@@ -190,7 +200,7 @@ def _bench(args) -> int:
         if args.prometheus:
             _dcgm(args, run_dir, name, t0, time.time(), exporters)
         (run_dir.path / f"bench-{name}.json").write_text(json.dumps(result, indent=2, sort_keys=True, default=str))
-        why = unavailable_reason(result.get("utilization")) if name != "probe" else None
+        why = unavailable_reason(result.get("utilization")) if get(name).samples_utilization else None
         if why:
             notes[name] = why
         ok = result.get("ok", True)

@@ -17,7 +17,6 @@ from ..bench import get
 
 IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
 MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at most this many nodes (default 4)
-LOADGEN_IMAGE_ENV = "GPUPROOF_LOADGEN_IMAGE"
 
 
 def image(run=None):
@@ -56,14 +55,6 @@ def mark(records: list, run=None) -> list:
 
 def multinode_count(nodes: list) -> int:
     return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
-
-
-def loadgen_image(run=None):
-    """The load generator's image: the cluster's workload image where it lends one (it has locust), else
-    ``$GPUPROOF_LOADGEN_IMAGE``, else locust's own."""
-    from ..images import DEFAULT_LOADGEN_IMAGE
-
-    return getattr(run, "workload_image", None) or os.environ.get(LOADGEN_IMAGE_ENV) or DEFAULT_LOADGEN_IMAGE
 
 
 def is_simulated(target, discovery=None) -> bool:
@@ -133,11 +124,11 @@ def run_per_product(name: str, run, run_dir, gpu_products: dict[str, list[str]],
         node = sorted(nodes)[0]
         resource, gpus = node_gpus(discovery, node, all_gpus)
         p = bench_params(bench, run, params)
-        extra = {"loadgen_image": loadgen_image(run)} if name == "inference" else {}
+        # what else a benchmark needs in the cluster (a load generator's image, say) it takes from the run itself
         try:
             result = bench.run_in_cluster(run, p, product=product, node=node, gpus=gpus, resource=resource,
                                           image=image(run), timeout=timeout,
-                                          tolerations=node_tolerations(discovery, node), **extra)
+                                          tolerations=node_tolerations(discovery, node))
         except GpuproofError as exc:
             out[product] = f"{node}: {exc}"
             continue

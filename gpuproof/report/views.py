@@ -14,7 +14,7 @@ import json
 from .data import params_of
 from .tables import natural_key
 
-# the metrics the views plot, by the names the benchmarks write them (gpuproof/bench/benchmarks.py: one vocabulary,
+# the metrics the views plot, by the names the benchmarks write them (gpuproof/bench/<benchmark>.py: one vocabulary,
 # the rules and the report read the same names): the inference's end-to-end latency percentiles are p<q>_ms
 LATENCY_METRICS = ("p50_ms", "p90_ms", "p95_ms", "p99_ms")
 KNOWN = {
