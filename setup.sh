@@ -73,20 +73,23 @@ if ! .venv/bin/python -m gpuproof.tools build; then
 fi
 # ---- end of check tools ------------------------------------------------------------------------------
 
-# ---- kubelet nodes (issue #28): containerd, runc, CNI plugins and iptables from Debian ----------------
-# Only fleets with `backend: kubelet` pools use them (root and cgroups needed); kwok pools never do.
+# ---- kubelet nodes (issue #28): iptables, ip, nsenter and unshare from Debian; the runtime is built ---------
+# Only fleets with `backend: kubelet` pools use them (root and cgroups needed); kwok pools never do. containerd 1.7,
+# runc and the CNI plugins are gpuproof's own, built from controlplane/containerd and controlplane/noderuntime (a
+# bundle carries them to machines without Go: issue #42).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
-   ! { command -v containerd && command -v runc && command -v iptables && [ -x /usr/lib/cni/bridge ]; } >/dev/null 2>&1; then
-  echo "[setup] installing containerd, runc, CNI plugins and iptables (Debian packages) for kubelet nodes"
+   ! { command -v iptables && command -v ip && command -v nsenter && command -v unshare && command -v pkg-config && \
+       dpkg -s libseccomp-dev; } >/dev/null 2>&1; then
+  echo "[setup] installing iptables, iproute2, util-linux, and libseccomp-dev and pkg-config for runc's static build (Debian packages) for kubelet nodes"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    containerd runc containernetworking-plugins iptables >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iptables iproute2 util-linux \
+    libseccomp-dev pkg-config >/dev/null
 fi
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null 2>&1; then
   echo "[setup] kubelet, kube-proxy, CoreDNS and NFD's nfd-master for kubelet nodes (built once from controlplane/kube, controlplane/coredns and controlplane/nfd)"
   .venv/bin/python -c 'from gpuproof.sim import clusternet, kubelet; kubelet.kubelet_binary(); kubelet.nfd_master(); clusternet.build()' >/dev/null
-  echo "[setup] containerd 1.7 and nvidia-cdi-hook for DRA kubelet nodes (built once from controlplane/containerd and controlplane/cdihook)"
-  .venv/bin/python -c 'from gpuproof.sim.kubelet import dra; dra.containerd(); dra.cdi_hook()' >/dev/null
+  echo "[setup] the kubelet nodes' runtime (containerd 1.7, runc, CNI plugins) and nvidia-cdi-hook (built once from controlplane/containerd, controlplane/noderuntime and controlplane/cdihook)"
+  .venv/bin/python -c 'from gpuproof.sim.kubelet import dra, runtime; runtime.locate(); dra.cdi_hook()' >/dev/null
 fi
 # every kubelet and device plugin holds inotify instances (about 6 a kubelet node); the kernel's default of 128 per
 # user runs out at about three lab-sized clusters and NVIDIA's device plugin then exits with "too many open

@@ -75,7 +75,10 @@ def test_the_toolkits_config_and_containerd_runtime(tmp_path):
     assert f"{ENVVAR} = false" in kubelet_toolkit.config_toml({}, "/d", tmp_path / "h", tmp_path / "l")
     assert '[nvidia-container-cli]\nroot = "/var/lib/gpuproof/driver"' in text
     assert f'[nvidia-ctk]\npath = "{tmp_path / "nvidia-cdi-hook"}"' in text
-    config = kubelet_toolkit.containerd_config(kubelet.containerd_config(tmp_path, "pause"), tmp_path / "w")
+    from gpuproof.sim.kubelet.runtime import NodeRuntime
+
+    runtime = NodeRuntime(tmp_path / "c", tmp_path / "r", tmp_path / "p")
+    config = kubelet_toolkit.containerd_config(kubelet.containerd_config(tmp_path, "pause", runtime), tmp_path / "w")
     assert 'default_runtime_name = "nvidia"' in config
     assert f'runtimes.nvidia.options]\n        BinaryName = "{tmp_path / "w"}"' in config
     wrapper = kubelet_toolkit.wrapper(tmp_path, tmp_path / "config.toml", "/var/lib/gpuproof/mock-nvml.yaml")

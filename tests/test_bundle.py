@@ -19,6 +19,7 @@ import pytest
 from gpuproof.cli.main import main
 from gpuproof.errors import ControlPlaneError
 from gpuproof.sim import binaries, bundle, clusternet, images, kubelet, nvidia
+from gpuproof.sim.kubelet import runtime as node_runtime
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +33,7 @@ def _write(path: Path, data: bytes = b"#!/bin/sh\necho stand-in\n", mode: int = 
 def fill_cache() -> None:
     """Stand-ins for everything a build from source leaves in the cache ($GPUPROOF_CACHE)."""
     where = bundle.folders()
-    multi = binaries.module_cache(bundle.MULTICALL[0], bundle.multicall_ldflags(),
-                                  *(f"{k}={v}" for k, v in sorted(bundle.MULTICALL_ENV.items()))) / bundle.MULTICALL[1]
+    multi = bundle.multicall_folder() / bundle.MULTICALL[1]
     _write(multi, b"\x7fELF multi-call " * 64)
     for name in bundle.KUBE_NAMES:
         _write(where["kube"] / name, f"separate {name}".encode())
@@ -42,8 +42,11 @@ def fill_cache() -> None:
     _write(where["nfd"] / "nfd-master")
     _write(where["nfd"] / Path(kubelet.NFD_CRDS).name, b"kind: CustomResourceDefinition\n", 0o644)
     _write(where["coredns"] / "coredns")
-    for name in ("containerd", "containerd-shim-runc-v2"):
-        _write(where["containerd"] / name)
+    for name in (*node_runtime.CONTAINERD_BINARIES, *node_runtime.CONTAINERD_SERVES):
+        _write(where["runtime-containerd"] / name)
+    _write(where["runtime-runc"] / "runc")
+    for name in node_runtime.CNI_PLUGINS:
+        _write(where["runtime-cni"] / name)
     _write(where["cdihook"] / "nvidia-cdi-hook")
     sw = nvidia.NodeSoftware(where["nvidia"])
     for name in nvidia.BINARIES:
@@ -96,7 +99,9 @@ def test_an_installed_bundle_is_found_by_every_lookup_without_go(no_go):
     assert (kubelet.nfd_master() / "nfd-api-crds.yaml").exists()
     from gpuproof.sim.kubelet import dra as kubelet_dra
 
-    assert (kubelet_dra.containerd() / "containerd-shim-runc-v2").exists()
+    runtime = node_runtime.locate()                     # built from no source: installed
+    assert runtime.shim.exists() and runtime.ctr.exists() and runtime.runc.exists()
+    assert (runtime.cni_dir / "portmap").exists()
     assert kubelet_dra.cdi_hook().exists()
     sw = nvidia.locate(build_missing=False)
     assert sw.complete() and (sw.lib / "libnvidia-ml.so.1").resolve().name == "libnvidia-ml.so.550.163.01"
@@ -162,11 +167,11 @@ def test_bad_bundles_are_refused_in_one_line(no_go, tmp_path, capsys):
     _rewrite(out, tmp_path / "other.tar.xz", other_version)
     err = _refused(tmp_path / "other.tar.xz", capsys)
     assert "was made by another gpuproof" in err and "controlplane/kube-0000000000000000" in err, err
-    _rewrite(out, tmp_path / "damaged.tar.xz", lambda n, d: d[:-1] + b"!" if n.endswith("/kwok") else d)
-    assert "kwok is missing or damaged in the bundle" in _refused(tmp_path / "damaged.tar.xz", capsys)
+    _rewrite(out, tmp_path / "damaged.tar.xz", lambda n, d: d[:-1] + b"!" if n.endswith("/runc") else d)
+    assert "runc is missing or damaged in the bundle" in _refused(tmp_path / "damaged.tar.xz", capsys)
     _rewrite(out, tmp_path / "short.tar.xz", lambda n, d: None if n.endswith("/nfd-api-crds.yaml") else d)
     assert "nfd-api-crds.yaml is missing or damaged" in _refused(tmp_path / "short.tar.xz", capsys)
-    assert not any((Path(os.environ["GPUPROOF_CACHE"]) / "controlplane").glob("kwok-*/kwok"))   # nothing half-done
+    assert not any((Path(os.environ["GPUPROOF_CACHE"]) / "controlplane").glob("noderuntime-*/runc"))  # none half-done
 
 
 def test_a_bundle_without_dra_serves_every_pool_but_those_offered_through_dra(no_go, tmp_path, monkeypatch):
@@ -177,7 +182,10 @@ def test_a_bundle_without_dra_serves_every_pool_but_those_offered_through_dra(no
     assert manifest["without"] == ["dra"]
     assert manifest["size"] >= manifest["raw"], manifest          # a plain tar
     names = {f"{p['folder']}/{n}" for p in manifest["pieces"] for n in p["files"]}
-    assert not [n for n in names if "containerd" in n or "cdi-hook" in n or n.endswith("/gpu-kubelet-plugin")], names
+    assert not [n for n in names if "cdi-hook" in n or n.endswith("/gpu-kubelet-plugin")], names
+    # every kubelet node's runtime stays: the gpu-host node runs on it (a GPU machine has none installed)
+    linked = {n for p in manifest["pieces"] for n in p.get("hardlinks", {})}
+    assert {n.rsplit("/", 1)[1] for n in names} | linked >= {"containerd", "ctr", "runc", "bridge", "portmap"}, names
     monkeypatch.setenv("GPUPROOF_CACHE", str(tmp_path / "clean-nodra"))
     bundle.install(small)
     sw = nvidia.locate(build_missing=False)                     # complete without the DRA driver

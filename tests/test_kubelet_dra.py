@@ -22,6 +22,8 @@ from gpuproof.errors import FleetError
 from gpuproof.sim.fleet_file import parse_fleet
 from gpuproof.sim import kubelet
 from gpuproof.sim.kubelet import dra as kubelet_dra
+from gpuproof.sim.kubelet import runtime as node_runtime
+from gpuproof.sim.kubelet.runtime import NodeRuntime
 
 NEEDS = kubelet.missing()
 needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS)
@@ -55,10 +57,12 @@ def test_driver_root_and_cdi_runtime_as_the_chart_and_containerd_want_them():
     assert mounts[kubelet_dra.PLUGINS_DIR]["mountPropagation"] == "Bidirectional"
     assert env["CDI_ROOT"] == kubelet_dra.CDI_ROOT == volumes["cdi"]
     assert volumes["plugins-registry"] == "/var/lib/kubelet/plugins_registry"
-    config = kubelet.containerd_config(Path("/cni"), "pause", **kubelet_dra.containerd_settings(Path("/c")))
+    runtime = NodeRuntime(Path("/c"), Path("/r"), Path("/p"))
+    config = kubelet.containerd_config(Path("/cni"), "pause", runtime, **kubelet_dra.containerd_settings())
     assert 'enable_cdi = true\n  cdi_spec_dirs = ["/var/run/cdi"]' in config
     assert 'runtime_path = "/c/containerd-shim-runc-v2"' in config
-    assert "enable_cdi" not in kubelet.containerd_config(Path("/cni"), "pause")
+    assert 'bin_dir = "/p"' in config
+    assert "enable_cdi" not in kubelet.containerd_config(Path("/cni"), "pause", runtime)
 
 
 # ---------------------------------------------------------------------------- on a cluster
@@ -93,7 +97,8 @@ def _container_devs(sim, pod: str, container: str) -> list[str]:
     """The ``/dev/nvidia*`` in a running container, read through the node's containerd (``ctr``, in the node's
     mount namespace) and the container's root in ``/proc``."""
     pid = json.loads((kubelet.state_dir(sim.dir) / "state.json").read_text())["pids"][f"{NODE}/containerd"]
-    ctr = ["nsenter", f"--mount=/proc/{pid}/ns/mnt", "ctr", "--address", "/run/containerd/containerd.sock",
+    ctr = ["nsenter", f"--mount=/proc/{pid}/ns/mnt", str(node_runtime.locate().ctr),
+           "--address", "/run/containerd/containerd.sock",
            "-n", "k8s.io"]
     run = lambda *a: subprocess.run([*ctr, *a], capture_output=True, text=True, check=True).stdout  # noqa: E731
     cid = run("containers", "ls", "-q", f'labels."io.kubernetes.pod.name"=={pod},'

@@ -5,6 +5,7 @@ go 1.26
 require (
 	github.com/coredns/coredns v1.14.7
 	go.etcd.io/etcd/server/v3 v3.6.5
+	sigs.k8s.io/kwok v0.7.0
 	sigs.k8s.io/node-feature-discovery v0.19.0
 )
 

@@ -7,4 +7,5 @@ package tools
 import (
 	_ "github.com/containerd/containerd/cmd/containerd"
 	_ "github.com/containerd/containerd/cmd/containerd-shim-runc-v2"
+	_ "github.com/containerd/containerd/cmd/ctr"
 )

@@ -215,13 +215,15 @@ def build(names: list[str] | None = None, progress: Progress | None = None,
 
 
 def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict[str, str] | None = None,
-             go: str | None = None, progress: Progress | None = None, force: bool = False) -> Path:
+             go: str | None = None, progress: Progress | None = None, force: bool = False,
+             workdir: Callable[[str, Path], Path] | None = None, settings: tuple[str, ...] = ()) -> Path:
     """``go build`` binaries (name -> package) of ``controlplane/<module>`` into its cache folder
-    (:func:`module_cache` of the ldflags and env), unless they are there; returns the folder.
+    (:func:`module_cache` of the ldflags, env and ``settings``), unless they are there; returns the folder.
+    ``workdir(go, tmp)``: the folder to build in instead of the module's own (a copy it makes under ``tmp``).
     Safe against concurrent calls: a second builder waits for the first, then finds the binaries."""
     progress = progress or _quiet
     env = env or {}
-    out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())))
+    out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())), *settings)
     if not force and all(_is_exe(out / n) for n in packages):
         return out                          # built before, or installed from a bundle: no Go needed
     go = go or _go(list(packages))
@@ -235,8 +237,8 @@ def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict
         try:
             cmd = [go, "build", "-trimpath", "-buildvcs=false", "-ldflags", ldflags, "-o", f"{tmp}/",
                    *(packages[n] for n in todo)]
-            _run_build(cmd, modules_dir() / module, {**os.environ, **env}, f"{', '.join(todo)} from "
-                       f"controlplane/{module}", progress)
+            cwd = workdir(go, tmp) if workdir else modules_dir() / module
+            _run_build(cmd, cwd, {**os.environ, **env}, f"{', '.join(todo)} from controlplane/{module}", progress)
             for n in todo:
                 (tmp / n).replace(out / n)
         finally:

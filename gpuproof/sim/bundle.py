@@ -9,12 +9,12 @@ needed: ``gpuproof sim up`` and ``gpuproof run`` then start as on the machine th
 What it holds (:func:`gather`): one multi-call executable (``controlplane/bundle``: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, kubelet, kube-proxy, NFD's nfd-master and CoreDNS share their packages
 once; installed as hard links under each name, in each program's own cache folder), NFD's CRDs and Kubernetes'
-CoreDNS addon manifest, kwok, containerd 1.7 and its runc shim with NVIDIA's nvidia-cdi-hook (DRA nodes),
-NVIDIA's device plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles, ``dprelay`` and ``nvml-mock-ctl``,
-and the pause image (which needs a static C compiler). The other images are
-made from these programs on first use, as after a build. The host still provides what kubelet nodes run beside
-them (:func:`gpuproof.sim.kubelet.missing` says what is missing in one line): root, cgroup v1, containerd with
-runc and ``ctr`` for nodes without DRA, the CNI plugins, iptables, ip, nsenter and unshare.
+CoreDNS addon manifest, kwok, the kubelet nodes' runtime (containerd 1.7 with its runc shim and ``ctr``, a static
+runc, the CNI plugins bridge, host-local, loopback and portmap), NVIDIA's nvidia-cdi-hook (DRA nodes), device
+plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles, ``dprelay`` and ``nvml-mock-ctl``, and the pause
+image (which needs a static C compiler). The other images are made from these programs on first use, as after a
+build. The host still provides what kubelet nodes run beside them (:func:`gpuproof.sim.kubelet.missing` says
+what is missing in one line): root, cgroup v1, iptables, ip, nsenter and unshare.
 
 The file is a tar compressed as one xz stream (x86 branch filter, LZMA2 preset 9e, a dictionary as large as the
 biggest program, so the programs' common bytes are stored once), readable with ``tar xJf``. A manifest
@@ -48,8 +48,15 @@ LIMIT_MIB = 56                  # the bundle and the repository fit in 64 MiB (i
 ENV = "GPUPROOF_BUNDLE"
 MULTICALL = ("bundle", "gpuproof-kube", "./cmd/gpuproof-kube")     # module, executable, package
 KUBE_NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
-MULTICALL_SERVES = (*KUBE_NAMES, "nfd-master", "coredns")      # the programs controlplane/bundle's executable is
-MULTICALL_ENV = {"CGO_ENABLED": "0"}      # static: it is CoreDNS's image's program too
+MULTICALL_SERVES = (*KUBE_NAMES, "nfd-master", "coredns", "kwok")    # the programs controlplane/bundle's executable is
+MULTICALL_ENV = {"CGO_ENABLED": "0",      # static: it is CoreDNS's image's program too
+                 "GOFLAGS": "-mod=mod"}   # its go.mod replaces kwok by a local copy (kwok_source)
+# kwok v0.7.0 reads an annotation key by a name apimachinery v0.35 no longer declares (v0.8.0 needs Kubernetes
+# v0.36): the multi-call executable is built against a copy of kwok's module with that name replaced by its value
+# (apimachinery v0.33's types.go), the one change; the same v0.7.0 built on its own (controlplane/kwok) needs none
+KWOK_MODULE = ("sigs.k8s.io/kwok", "v0.7.0")
+KWOK_EDIT = ("pkg/utils/informer/informer.go", "metav1.InitialEventsListBlueprintAnnotationKey",
+             '"kubernetes.io/initial-events-list-blueprint"')
 
 
 def multicall_ldflags() -> str:
@@ -84,14 +91,14 @@ def folders() -> dict[str, Path]:
     """Where each piece lives in the cache of this gpuproof (what the lookups compute)."""
     from . import clusternet, kubelet, nvidia
     from .kubelet import dra as kubelet_dra
+    from .kubelet import runtime as node_runtime
 
     return {
         "kube": _module_folder("kube", _binaries.LDFLAGS["kube"]),
         "kwok": _module_folder("kwok", _binaries.LDFLAGS["kwok"]),
         "nfd": _module_folder(kubelet.NFD[0], kubelet.NFD_LDFLAGS),
         "coredns": _module_folder(clusternet.COREDNS[0], "-s -w", clusternet.COREDNS_ENV),
-        "containerd": _module_folder(kubelet_dra.CONTAINERD[0], kubelet_dra.CONTAINERD_LDFLAGS,
-                                     kubelet_dra.CONTAINERD_ENV),
+        **{f"runtime-{k}": v for k, v in node_runtime.folders().items()},
         "cdihook": _module_folder(kubelet_dra.CDI_HOOK[0], f"-s -w -X {kubelet_dra.CDI_HOOK[1]}/internal/info.version="
                                                             f"{kubelet_dra.TOOLKIT_VERSION}"),
         "nvidia": nvidia.cache_dir(),
@@ -102,19 +109,59 @@ def folders() -> dict[str, Path]:
 # ---------------------------------------------------------------------------- make
 
 
+def _multicall_settings() -> tuple[str, ...]:
+    return (f"kwok-edit={KWOK_EDIT}",)
+
+
+def multicall_folder() -> Path:
+    """Where :func:`multicall` puts the executable (without building it)."""
+    return _binaries.module_cache(MULTICALL[0], multicall_ldflags(),
+                                  *(f"{k}={v}" for k, v in sorted(MULTICALL_ENV.items())), *_multicall_settings())
+
+
+def kwok_source(go: str, tmp: Path) -> Path:
+    """``controlplane/bundle`` copied under ``tmp`` with kwok's module beside it, ``KWOK_EDIT`` made in it, and the
+    copy's go.mod replacing kwok by it; returns the copy (where the multi-call executable is built)."""
+    import subprocess
+
+    module = tmp / "bundle"
+    shutil.copytree(_binaries.modules_dir() / MULTICALL[0], module)
+    name, version = KWOK_MODULE
+    got = subprocess.run([go, "mod", "download", "-json", f"{name}@{version}"], cwd=module, capture_output=True,
+                         text=True)
+    if got.returncode != 0:
+        raise ControlPlaneError(f"cannot fetch {name}@{version} for the multi-call executable: "
+                                f"{(got.stdout + got.stderr).strip()[-400:]}")
+    kwok = tmp / "kwok"
+    shutil.copytree(json.loads(got.stdout)["Dir"], kwok)
+    for d, _, files in os.walk(kwok):               # the module cache's copies are read-only
+        os.chmod(d, 0o755)
+        for f in files:
+            os.chmod(os.path.join(d, f), 0o644)
+    rel, old, new = KWOK_EDIT
+    text = (kwok / rel).read_text()
+    if old not in text:
+        raise ControlPlaneError(f"{name}@{version} {rel} no longer names {old}: the multi-call build's edit is stale")
+    (kwok / rel).write_text(text.replace(old, new))
+    subprocess.run([go, "mod", "edit", f"-replace={name}={kwok}"], cwd=module, check=True)
+    return module
+
+
 def multicall(progress: Progress = _quiet) -> Path:
-    """The multi-call executable of the Kubernetes programs, nfd-master and CoreDNS (``controlplane/bundle``, built
-    on first use)."""
+    """The multi-call executable of the Kubernetes programs, nfd-master, CoreDNS and kwok (``controlplane/bundle``,
+    built on first use)."""
     module, name, package = MULTICALL
-    return _binaries.go_build(module, {name: package}, ldflags=multicall_ldflags(), env=MULTICALL_ENV,
-                              progress=progress) / name
+    return _binaries.go_build(module, {name: package}, ldflags=multicall_ldflags(),
+                              env=MULTICALL_ENV, progress=progress,
+                              workdir=kwok_source, settings=_multicall_settings()) / name
 
 
 def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
     """Every piece, built first where this machine has not built it yet (that needs Go); ``dra=False``: without
-    NVIDIA's DRA driver, containerd 1.7 and nvidia-cdi-hook (what only pools offered through DRA use)."""
+    NVIDIA's DRA driver and nvidia-cdi-hook (what only pools offered through DRA use)."""
     from . import clusternet, images, kubelet, nvidia
     from .kubelet import dra as kubelet_dra
+    from .kubelet import runtime as node_runtime
 
     where = folders()
     kube = multicall(progress)
@@ -122,7 +169,7 @@ def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
     clusternet.addon_manifest()
     nfd = kubelet.nfd_master(progress)
     coredns = clusternet.coredns_binary(progress)
-    containerd = kubelet_dra.containerd(progress) if dra else None
+    runtime = node_runtime.locate(progress)
     hook = kubelet_dra.cdi_hook(progress) if dra else None
     sw = nvidia.locate(progress=progress)
     kwok = _binaries.locate(progress=progress)["kwok"]
@@ -154,9 +201,13 @@ def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
         Piece("NFD's nfd-master", where["nfd"], {**nfd_files, "nfd-api-crds.yaml": nfd / Path(kubelet.NFD_CRDS).name},
               hardlinks=nfd_links),
         Piece("CoreDNS", where["coredns"], dns_files, hardlinks=dns_links),
-        *([Piece("containerd 1.7 (DRA nodes)", where["containerd"],
-                 {b: containerd / b for b in kubelet_dra.CONTAINERD_BINARIES}),
-           Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook})] if dra else []),
+        Piece("the kubelet nodes' containerd 1.7 and ctr (one executable), its runc shim", where["runtime-containerd"],
+              {b: runtime.containerd_dir / b for b in node_runtime.CONTAINERD_BINARIES},
+              hardlinks={n: runtime.containerd_dir / node_runtime.CONTAINERD_MULTICALL[0]
+                         for n in node_runtime.CONTAINERD_SERVES}),
+        Piece("runc", where["runtime-runc"], {"runc": runtime.runc}),
+        Piece("the CNI plugins", where["runtime-cni"], {b: runtime.cni_dir / b for b in node_runtime.CNI_PLUGINS}),
+        *([Piece("nvidia-cdi-hook (DRA nodes)", where["cdihook"], {"nvidia-cdi-hook": hook})] if dra else []),
         Piece("NVIDIA's node software", where["nvidia"], nv,
               {f"lib/{p.name}": os.readlink(p) for p in sw.lib.iterdir() if p.is_symlink()}),
         Piece("the pause image", where["images"], {pause.name: pause}),

@@ -1,4 +1,4 @@
-"""A kubelet node's containerd (Debian's ``containerd`` and ``runc``; containerd 1.7 on DRA nodes: ``kubelet.dra``):
+"""A kubelet node's containerd (1.7, with runc and the CNI plugins: :mod:`.runtime`; CDI on DRA nodes: :mod:`.dra`):
 its config, and its start in the node's own network and mount namespace with the node's images imported.
 
 The node's folder is bound over ``/var/lib``, ``/run`` and ``/var/log`` in that mount namespace, so containerd, the
@@ -16,13 +16,14 @@ from typing import Callable
 from ...errors import ControlPlaneError
 from .host import _sh, _spawn
 from .layout import Node, State
-from .needs import cni_dir
+from .runtime import NodeRuntime
 
 
-def containerd_config(cni_conf_dir: Path, pause: str, cdi_spec_dirs: list[str] | None = None, shim: str = "") -> str:
-    """``cdi_spec_dirs``: CDI on (containerd 1.7+), reading specs there; ``shim``: the runc shim's path."""
+def containerd_config(cni_conf_dir: Path, pause: str, runtime: NodeRuntime,
+                      cdi_spec_dirs: list[str] | None = None) -> str:
+    """``runtime``: the shim's and the CNI plugins' folders; ``cdi_spec_dirs``: CDI on, reading specs there."""
     cdi = f"\n  enable_cdi = true\n  cdi_spec_dirs = {json.dumps(cdi_spec_dirs)}" if cdi_spec_dirs else ""
-    shim = f'\n      runtime_path = "{shim}"' if shim else ""
+    shim = f'\n      runtime_path = "{runtime.shim}"'
     return f"""version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -44,15 +45,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_dir()}"
+    bin_dir = "{runtime.cni_dir}"
     conf_dir = "{cni_conf_dir}"
 """
 
 
-def start(root: Path, state: State, n: Node, join: Callable[[], None], netns: str, runtime: Path | None,
+def start(root: Path, state: State, n: Node, join: Callable[[], None], netns: str, runtime: NodeRuntime,
           tars: list[tuple[Path, str]], timeout: float) -> subprocess.Popen:
-    """Start node ``n``'s containerd (``runtime``: the folder of the one to run instead of the host's) from its
-    folder ``root`` (``etc/containerd.toml`` written); returns once it answers, ``tars`` imported."""
+    """Start node ``n``'s containerd (of ``runtime``) from its folder ``root`` (``etc/containerd.toml``
+    written); returns once it answers, ``tars`` imported."""
     from .. import images
     from ...images import PAUSE_IMAGE
 
@@ -66,11 +67,11 @@ def start(root: Path, state: State, n: Node, join: Callable[[], None], netns: st
     containerd = _spawn(root / "logs" / "containerd.log", join,
                         "nsenter", netns, "unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                         "sh", str(var_lib), str(run), str(var_log),
-                        str(runtime / "containerd") if runtime else "containerd",
-                        "--config", str(etc / "containerd.toml"))
+                        str(runtime.containerd), "--config", str(etc / "containerd.toml"), env=runtime.env())
     state.pids[f"{n.name}/containerd"] = containerd.pid
     # inside the node's mount namespace: the host path of the socket may pass the 108-byte limit of a unix address
-    ctr = ("nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", "ctr", "--address", "/run/containerd/containerd.sock")
+    ctr = ("nsenter", f"--mount=/proc/{containerd.pid}/ns/mnt", str(runtime.ctr),
+           "--address", "/run/containerd/containerd.sock")
     _wait_for(lambda: sock.exists() and _sh(*ctr, "version", check=False).returncode == 0,
               timeout, f"containerd of kubelet node {n.name}", root / "logs" / "containerd.log", containerd)
     for tar, _ in tars:

@@ -6,11 +6,11 @@ kubelet through ``/var/lib/kubelet/plugins_registry``, publishing the node's Res
 mock NVML and preparing claims by writing CDI specs into the node's ``/var/run/cdi``.
 
 The runtime that reads those specs: the kubelet hands the CDI device names to the runtime in the CRI
-``CDIDevices`` field, which Debian's containerd 1.6 ignores. DRA nodes run containerd **1.7** instead,
-built from the module pinned in ``controlplane/containerd`` (``enable_cdi``); the other kubelet nodes keep
-Debian's containerd. The CDI specs run NVIDIA's ``nvidia-cdi-hook`` (``controlplane/cdihook``, the NVIDIA
-Container Toolkit release the pinned driver requires), which the driver's image carries at
-``/usr/bin/nvidia-cdi-hook`` and the plugin copies onto the node, as NVIDIA's image does.
+``CDIDevices`` field, which containerd 1.7 (every kubelet node's, :mod:`.runtime`) injects once CDI is on
+(``enable_cdi``, DRA nodes only; Debian's containerd 1.6 ignored the field). The CDI specs run NVIDIA's
+``nvidia-cdi-hook`` (``controlplane/cdihook``, the NVIDIA Container Toolkit release the pinned driver requires),
+which the driver's image carries at ``/usr/bin/nvidia-cdi-hook`` and the plugin copies onto the node, as NVIDIA's
+image does.
 
 The node's driver root is ``/var/lib/gpuproof/driver`` (``kubelet.DEV_ROOT``), laid out as NVIDIA's own
 mock-NVML CI lays one out (``hack/ci/mock-nvml/setup-mock-gpu.sh`` of the driver): the mock library at
@@ -37,12 +37,6 @@ from .host import DEV_ROOT, DRA_NODE_LABEL, _create, with_node_files
 
 Progress = Callable[[str], None]
 
-CONTAINERD_VERSION = "v1.7.36"            # newest 1.7 the module proxy serves (v1.7.37 and later: 403)
-CONTAINERD = ("containerd", "github.com/containerd/containerd")
-CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2")
-# no cgo: the btrfs snapshotter (cgo, libbtrfs headers) is left out; the nodes use overlayfs
-CONTAINERD_ENV = {"CGO_ENABLED": "0", "GOFLAGS": "-buildvcs=false -tags=urfave_cli_no_docs,no_btrfs"}
-CONTAINERD_LDFLAGS = f"-s -w -X {CONTAINERD[1]}/version.Version={CONTAINERD_VERSION}"
 TOOLKIT_VERSION = "v1.19.0"               # the NVIDIA Container Toolkit the pinned DRA driver requires (its go.mod)
 CDI_HOOK = ("cdihook", "github.com/NVIDIA/nvidia-container-toolkit")
 CDI_ROOT = "/var/run/cdi"                 # the chart's CDI_ROOT; containerd reads no other (host's /etc/cdi: shared)
@@ -70,13 +64,6 @@ def _quiet(msg: str) -> None:
 # ---------------------------------------------------------------------------- what is built
 
 
-def containerd(progress: Progress = _quiet) -> Path:
-    """The folder holding containerd 1.7 and its runc shim, built from ``controlplane/containerd`` on first use."""
-    module, path = CONTAINERD
-    return _binaries.go_build(module, {b: f"{path}/cmd/{b}" for b in CONTAINERD_BINARIES},
-                              ldflags=CONTAINERD_LDFLAGS, env=CONTAINERD_ENV, progress=progress)
-
-
 def cdi_hook(progress: Progress = _quiet) -> Path:
     """NVIDIA's ``nvidia-cdi-hook``, built from ``controlplane/cdihook`` on first use."""
     module, path = CDI_HOOK
@@ -86,18 +73,16 @@ def cdi_hook(progress: Progress = _quiet) -> Path:
 
 
 def prepare(sw, progress: Progress = _quiet) -> tuple[Path, str]:
-    """Build what DRA nodes need before they start (containerd 1.7, nvidia-cdi-hook); returns the driver's image."""
+    """Build what DRA nodes need before they start (nvidia-cdi-hook); returns the driver's image."""
     from .. import images
 
     sw.require_dra()
-    containerd(progress)
     return images.dra_driver_image(sw, cdi_hook(progress))
 
 
-def containerd_settings(folder: Path) -> dict[str, object]:
-    """What :func:`gpuproof.sim.kubelet.containerd_config` adds for a DRA node: CDI on over the chart's CDI root,
-    and the 1.7 shim (the shim containerd finds on PATH is Debian's 1.6)."""
-    return {"cdi_spec_dirs": [CDI_ROOT], "shim": str(folder / "containerd-shim-runc-v2")}
+def containerd_settings() -> dict[str, object]:
+    """What :func:`gpuproof.sim.kubelet.containerd_config` adds for a DRA node: CDI on over the chart's CDI root."""
+    return {"cdi_spec_dirs": [CDI_ROOT]}
 
 
 # ---------------------------------------------------------------------------- the node's driver root

@@ -20,6 +20,7 @@ from typing import Callable
 from ...errors import ControlPlaneError
 from .. import clusternet
 from . import agent, cgroups, containerd, dra, network
+from . import runtime as node_runtime
 from .host import DEV_ROOT, NODE_FILES, NVIDIA_MAJOR
 from .layout import Node, State, _load, _save, state_dir
 from .needs import missing
@@ -50,6 +51,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     sim_dir = Path(sim_dir)
     stop(sim_dir)
     kubelet = agent.kubelet_binary(progress)
+    node_runtime.locate(progress)           # containerd, runc, the CNI plugins: built once, before any node
     from .. import images
 
     tars = [images.pause_image(), *(extra_images or [])]
@@ -95,13 +97,12 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
         dev.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
             os.mknod(dev / name, 0o666 | stat.S_IFCHR, number)
-    runtime = None
-    if n.dra:       # NVIDIA's DRA driver reads the driver root around dev/; its CDI specs need containerd 1.7
+    if n.dra:       # NVIDIA's DRA driver reads the driver root around dev/; its CDI specs need CDI on
         dra.driver_root(dev.parent, var_lib / NODE_FILES / "mock-nvml.yaml")
-        runtime = dra.containerd()
+    runtime = node_runtime.locate()         # built before the nodes start (:func:`start`): found here
     (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(network.cni_config(n)))
-    config = containerd.containerd_config(etc / "cni", images.PAUSE,
-                                          **(dra.containerd_settings(runtime) if runtime else {}))
+    config = containerd.containerd_config(etc / "cni", images.PAUSE, runtime,
+                                          **(dra.containerd_settings() if n.dra else {}))
     if n.toolkit is not None:
         from . import toolkit
 

@@ -1,14 +1,15 @@
 // Command gpuproof-kube is one executable for the Kubernetes-side programs of gpuproof's embedded cluster, as
 // hyperkube (Kubernetes up to 1.17) and k3s are: etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 // kubelet and kube-proxy (Kubernetes v1.35.4, etcd v3.6.5: the upstream commands' own constructors), NFD's
-// nfd-master v0.19.0 (its main, copied) and CoreDNS v1.14.7 with the plugins the cluster's Corefile uses, sharing
-// the packages they have in common once. gpuproof's bundle (gpuproof/sim/bundle.py) ships it, so that a machine
+// nfd-master v0.19.0 and kwok v0.7.0 (their mains, copied) and CoreDNS v1.14.7 with the plugins the cluster's
+// Corefile uses, sharing the packages they have in common once. gpuproof's bundle (gpuproof/sim/bundle.py) ships it, so that a machine
 // without Go runs the embedded cluster. Built with CGO_ENABLED=0: static, so it runs in CoreDNS's image too.
 //
 // go.mod: controlplane/kube's pins, raised where nfd-master and CoreDNS ask more (gRPC 1.83.0, Prometheus' client
 // 1.24.1, ...), with etcd's api and client kept at etcd's own v3.6.5 and opencontainers' cgroups and runtime-spec
-// at the kubelet's (v0.0.3, v1.2.1: the kubelet v1.35.4 does not build with cgroups v0.0.6). kwok stays on its
-// own: v0.7.0 does not build against apimachinery v0.35 (metav1.InitialEventsListBlueprintAnnotationKey).
+// at the kubelet's (v0.0.3, v1.2.1: the kubelet v1.35.4 does not build with cgroups v0.0.6). kwok v0.7.0 is one of
+// them too (kwok.go), built from a copy of its module with one name replaced (it reads an annotation key that
+// apimachinery v0.35 no longer declares; its next release, v0.8.0, needs Kubernetes v0.36).
 //
 // It runs the program its name says (argv[0], a hard link named after the program), or the one its first
 // argument names: `gpuproof-kube kube-apiserver --help`.
@@ -61,6 +62,7 @@ var components = map[string]func([]string) int{
 	"kube-proxy": kube(proxy.NewProxyCommand),
 	"nfd-master": nfdMasterMain,
 	"coredns":    corednsMain,
+	"kwok":       kwokMain,
 }
 
 func main() {
