@@ -7,8 +7,8 @@ network uses (``controlplane/noderuntime``).
 runc is built static (cgo for its ``nsenter``; glibc and libseccomp linked in: containerd 1.7 gives every pod
 sandbox the runtime's default seccomp profile, so runc must apply one), as runc's own release builds are, so the
 same file runs on any x86-64 Linux a bundle reaches; building it needs libseccomp's static library and pkg-config
-(Debian: libseccomp-dev pkg-config, which ``setup.sh`` installs). The shim and NVIDIA's container toolkit find ``runc`` on
-PATH: containerd runs with the runtime's folders first on its PATH, and its children inherit it."""
+(Debian: libseccomp-dev pkg-config, which ``setup.sh`` installs). The shim and NVIDIA's container toolkit find
+``runc`` on PATH: containerd runs with the runtime's folders first on its PATH, and its children inherit it."""
 
 from __future__ import annotations
 
