@@ -32,10 +32,20 @@
   real Prometheus scraping the server on the CPU, the cluster side stood in for
   (tests/test_monitoring_service_prometheus.py); not yet on a cluster.
 
-Every node's exporter is read at once (the fan-out; reads hold no pod slot). Permissions: ``apps/daemonsets`` list,
-``pods`` list, ``pods/proxy`` get. Proven on recorded outputs (tests/test_monitoring.py, against real Prometheus in
-tests/test_monitoring_prometheus.py) and, for the cluster path, on a kubelet node whose DaemonSet serves a recorded
-output with ``python -m http.server`` (tests/test_monitoring_kubelet.py).
+JUnit cases named after the upstream tests (gpuproof conformance reads them as ``<Test>/<subtest>``):
+``TestAcceleratorPerformanceMetrics::test_MetricsEndpointReachable[<node>]`` (``dcgm-exporter-ready``,
+``dcgm-metrics-read``, ``dcgm-metrics-parse``, ``dcgm-exporter-version``),
+``...::test_PerAcceleratorUtilizationMetric`` (``dcgm-gpu-utilization``), ``...::test_PerAcceleratorMemoryMetric``
+(``dcgm-gpu-memory``), and
+``TestAIServiceMetrics::test_inference_server_metrics_reach_prometheus`` (``ai-service-metrics``; upstream's test has
+no subtests). The host label, the series in Prometheus and the numbers moving with the work are gpuproof's own (no
+upstream test asserts them): their tests keep gpuproof's names.
+
+Every node's exporter is read at once (the fan-out; reads hold no pod slot), once for all the node's tests.
+Permissions: ``apps/daemonsets`` list, ``pods`` list, ``pods/proxy`` get. Proven on recorded outputs
+(tests/test_monitoring.py, against real Prometheus in tests/test_monitoring_prometheus.py) and, for the cluster path,
+on a kubelet node whose DaemonSet serves a recorded output with ``python -m http.server``
+(tests/test_monitoring_kubelet.py).
 """
 
 import contextlib
@@ -91,6 +101,7 @@ class Exporter:
 class Exporters:
     daemonsets: list
     on_node: dict           # node name -> [Exporter], Ready ones first
+    reads: dict = dataclasses.field(default_factory=dict)     # node name -> its /metrics, read once for its tests
 
     def describe(self) -> str:
         return ", ".join(f"{d.metadata.namespace}/{d.metadata.name} (desired {d.status.desired_number_scheduled}, "
@@ -179,34 +190,83 @@ def fan_out(request):
     return request.getfixturevalue("fanout")
 
 
-def test_exporter_publishes_every_gpu(needs_real_gpus, gpu_node, target, exporters, request, check):
-    """One exporter pod per GPU node, Ready, publishing each of the node's GPUs under the node's name."""
-    node = gpu_node
+def exporter_read(request, node, target, exporters: Exporters) -> dict:
+    """The node's exporter's /metrics ({"text"} or {"error"}), read once for all the node's tests: the first test
+    that asks reads every node of its check at once (the fan-out), the node's later tests take what it read."""
+    if node.name not in exporters.reads:
+        def work(n, lane):
+            there = exporters.on_node.get(n.name, [])
+            return read_metrics(target.cluster, there[0]) if there else {"error": "no exporter pod on the node"}
+
+        exporters.reads[node.name] = fan_out(request).result(request.node, node, work, name="monitoring")
+    return exporters.reads[node.name]
+
+
+def judged(request, node, target, exporters: Exporters) -> list:
+    """Every finding on the node's exporter output (gpuproof/discovery/monitoring.py), for a test that judges part
+    of it; a skip, with no record, where there is nothing to judge: MetricsEndpointReachable records why."""
     mine = exporters.on_node.get(node.name, [])
-    found = mine[0] if mine else None
-    shown = [f"{e.name}: {e.pod.status.phase}{', Ready' if ready(e.pod) else ', not Ready'}" for e in mine]
-    if not check.true("dcgm-exporter-ready", found is not None and ready(found.pod),
-                      f"a Ready pod of {exporters.describe()} on the node", ", ".join(shown) or "none",
-                      what="the DCGM exporter on the node"):
-        return
+    if not mine or not ready(mine[0].pod):
+        pytest.skip(f"{node.name} has no Ready DCGM exporter pod (dcgm-exporter-ready): no output to judge")
+    result = exporter_read(request, node, target, exporters)
+    if "text" not in result:
+        pytest.skip(f"{node.name}: the exporter's /metrics could not be read (dcgm-metrics-read): {result['error']}")
+    findings = monitoring.judge(facts_of(node), result["text"], exporter_pod=mine[0].pod.metadata.name)
+    if any(f.check == "dcgm-metrics-parse" and f.verdict == "fail" for f in findings):
+        pytest.skip(f"{node.name}: the exporter's /metrics is not the Prometheus text format (dcgm-metrics-parse)")
+    return findings
 
-    def work(n, lane):
-        there = exporters.on_node.get(n.name, [])
-        return read_metrics(target.cluster, there[0]) if there else {"error": "no exporter pod on the node"}
 
-    result = fan_out(request).result(request.node, node, work, name="monitoring")
-    if not check.true("dcgm-metrics-read", "text" in result,
-                      f"{found.name}'s /metrics through the API server's pod proxy (port {found.port})",
-                      result.get("error", ""), what="the exporter's /metrics"):
-        return
-    text = result["text"]
-    info = monitoring.exporter_info(text)
-    check.record("dcgm-exporter-version", "pass", "",
-                 f"image {found.image}; names {info.get('names')}; host label {info.get('host_label')}; "
-                 f"{info.get('releases')}; driver {info.get('driver') or '?'}")
-    for f in monitoring.judge(facts_of(node), text, exporter_pod=found.pod.metadata.name):
-        what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
-        check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
+def record(check, findings, names: tuple[str, ...]) -> None:
+    """Record the findings of these checks, each naming its GPU and why."""
+    for f in findings:
+        if f.check in names:
+            what = (f"{f.gpu}: " if f.gpu else "") + f.check + (f" ({f.reason})" if f.reason else "")
+            check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
+
+
+class TestAcceleratorPerformanceMetrics:
+    """Named after the upstream test (accelerator_metrics), so its JUnit cases read
+    TestAcceleratorPerformanceMetrics/<subtest>, one per GPU node: upstream reads one endpoint, gpuproof every GPU
+    node's exporter. Upstream's OptionalMetrics (temperature, power, interconnect) is only logged there: not here."""
+
+    def test_MetricsEndpointReachable(self, needs_real_gpus, gpu_node, target, exporters, request, check):
+        """One Ready exporter pod on the GPU node; its /metrics read through the API server's pod proxy parses."""
+        node = gpu_node
+        mine = exporters.on_node.get(node.name, [])
+        found = mine[0] if mine else None
+        shown = [f"{e.name}: {e.pod.status.phase}{', Ready' if ready(e.pod) else ', not Ready'}" for e in mine]
+        if not check.true("dcgm-exporter-ready", found is not None and ready(found.pod),
+                          f"a Ready pod of {exporters.describe()} on the node", ", ".join(shown) or "none",
+                          what="the DCGM exporter on the node"):
+            return
+        result = exporter_read(request, node, target, exporters)
+        if not check.true("dcgm-metrics-read", "text" in result,
+                          f"{found.name}'s /metrics through the API server's pod proxy (port {found.port})",
+                          result.get("error", ""), what="the exporter's /metrics"):
+            return
+        text = result["text"]
+        info = monitoring.exporter_info(text)
+        check.record("dcgm-exporter-version", "pass", "",
+                     f"image {found.image}; names {info.get('names')}; host label {info.get('host_label')}; "
+                     f"{info.get('releases')}; driver {info.get('driver') or '?'}")
+        record(check, monitoring.judge(facts_of(node), text, exporter_pod=found.pod.metadata.name),
+               ("dcgm-metrics-parse",))
+
+    def test_PerAcceleratorUtilizationMetric(self, needs_real_gpus, gpu_node, target, exporters, request, check):
+        """Every GPU of the node has a utilization series (MIG GPUs: a profiling series per instance)."""
+        record(check, judged(request, gpu_node, target, exporters), ("dcgm-gpu-utilization",))
+
+    def test_PerAcceleratorMemoryMetric(self, needs_real_gpus, gpu_node, target, exporters, request, check):
+        """Every GPU of the node has a framebuffer series."""
+        record(check, judged(request, gpu_node, target, exporters), ("dcgm-gpu-memory",))
+
+
+# gpuproof's own: upstream has no test of the host label. Outside TestAcceleratorPerformanceMetrics, so that its
+# failure fails this test, not accelerator_metrics (gpuproof conformance reads only the upstream names there).
+def test_exporter_names_the_node_on_its_series(needs_real_gpus, gpu_node, target, exporters, request, check):
+    """The exporter's host label is the node's name on every series (not the exporter pod's)."""
+    record(check, judged(request, gpu_node, target, exporters), ("dcgm-host-label",))
 
 
 UTILIZATION_NAMES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
@@ -514,37 +574,42 @@ def service_counter(server: prom.Prometheus, served: Served, after: float | None
     return result, targets
 
 
-@pytest.mark.creates("ConfigMap", "gpuproof-workloads")
-@pytest.mark.creates("Pod", SERVICE_POD, on="first", requests="1 {resource}", note="gpuproof's inference server")
-@pytest.mark.creates("PodMonitor", SERVICE_POD, note="when the cluster serves monitoring.coreos.com/v1")
-def test_inference_server_metrics_reach_prometheus(needs_real_gpus, target, run, gpu_products, prometheus_server,
-                                                   request, check):
-    """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
-    requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value + N)."""
-    server = prometheus_server()
-    if server is None:
-        pytest.skip(f"{NO_PROMETHEUS}: nothing to check gpuproof's inference server's metrics reach")
-    if not podmonitors_served(target.cluster):
-        pytest.skip(f"the cluster serves no PodMonitor ({MONITORING_GROUP}/v1: the Prometheus operator's CRDs): "
-                    "nothing the run can create makes Prometheus discover a pod")
-    if not gpu_products:
-        pytest.skip("no GPU node runs GPU code here")
-    product = sorted(gpu_products)[0]
-    node = gpu_products[product][0]
-    labels, source = monitor_labels(target.cluster)
-    with serving(run, node, product) as served:
-        create_pod_monitor(target.cluster, served, {**labels, **run.labels})
-        result, targets = service_counter(server, served, None, SERVICE_DISCOVERY_S)
-        before = int(max((float(r["value"][1]) for r in result), default=0))
-        if result:
-            errors = send_completions(target.cluster, served, SERVICE_REQUESTS)
-            answered = time.time()
-            if not check.true("ai-service-metrics", not errors,
-                              f"{SERVICE_REQUESTS} completions from {served.pod} through the API server's pod proxy",
-                              "; ".join(errors), what="gpuproof's inference server", target=node):
-                return
-            result, targets = service_counter(server, served, answered, SERVICE_SCRAPE_S)
-    for f in monitoring.judge_service_metrics(node, served.pod, before + SERVICE_REQUESTS, result, targets, before):
-        check.true(f.check, f.verdict == "pass", f.expected, f.actual,
-                   what=f"{f.check} (PodMonitor labels: {source})" + (f" ({f.reason})" if f.reason else ""),
-                   target=node)
+class TestAIServiceMetrics:
+    """Named after the upstream test (ai_service_metrics), which has no subtests: its JUnit case reads
+    TestAIServiceMetrics/inference_server_metrics_reach_prometheus."""
+
+    @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
+    @pytest.mark.creates("Pod", SERVICE_POD, on="first", requests="1 {resource}", note="gpuproof's inference server")
+    @pytest.mark.creates("PodMonitor", SERVICE_POD, note="when the cluster serves monitoring.coreos.com/v1")
+    def test_inference_server_metrics_reach_prometheus(self, needs_real_gpus, target, run, gpu_products,
+                                                       prometheus_server, request, check):
+        """ai_service_metrics: gpuproof's inference server on a GPU node, a PodMonitor in the run's namespace, N
+        requests; Prometheus' ``gpuproof_inference_requests_total`` of the pod reads N (its first scrape's value +
+        N)."""
+        server = prometheus_server()
+        if server is None:
+            pytest.skip(f"{NO_PROMETHEUS}: nothing to check gpuproof's inference server's metrics reach")
+        if not podmonitors_served(target.cluster):
+            pytest.skip(f"the cluster serves no PodMonitor ({MONITORING_GROUP}/v1: the Prometheus operator's CRDs): "
+                        "nothing the run can create makes Prometheus discover a pod")
+        if not gpu_products:
+            pytest.skip("no GPU node runs GPU code here")
+        product = sorted(gpu_products)[0]
+        node = gpu_products[product][0]
+        labels, source = monitor_labels(target.cluster)
+        with serving(run, node, product) as served:
+            create_pod_monitor(target.cluster, served, {**labels, **run.labels})
+            result, targets = service_counter(server, served, None, SERVICE_DISCOVERY_S)
+            before = int(max((float(r["value"][1]) for r in result), default=0))
+            if result:
+                errors = send_completions(target.cluster, served, SERVICE_REQUESTS)
+                answered = time.time()
+                if not check.true("ai-service-metrics", not errors,
+                                  f"{SERVICE_REQUESTS} completions from {served.pod} through the API server's pod "
+                                  "proxy", "; ".join(errors), what="gpuproof's inference server", target=node):
+                    return
+                result, targets = service_counter(server, served, answered, SERVICE_SCRAPE_S)
+        for f in monitoring.judge_service_metrics(node, served.pod, before + SERVICE_REQUESTS, result, targets, before):
+            check.true(f.check, f.verdict == "pass", f.expected, f.actual,
+                       what=f"{f.check} (PodMonitor labels: {source})" + (f" ({f.reason})" if f.reason else ""),
+                       target=node)

@@ -136,12 +136,16 @@ def run_suite(tmp_path, monkeypatch, node, result):
     monkeypatch.setattr(module, "probe_on", probe_on)
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, known_nodes={node.name: node})
-    try:
-        module.test_pod_gets_the_advertised_driver(gpu_node=node, run=None, target=SimpleNamespace(cluster=None),
-                                                   check=checker, needs_real_gpus=None, fanout=FANOUT,
-                                                   request=SimpleNamespace(node=None))
-    except pytest.skip.Exception:
-        pass
+    # the suite's two tests, as pytest runs them (one Checker for both: the fault rows list the failures of either)
+    tests = module.TestAcceleratorDriverRuntimeManagement()
+    for call in (lambda: tests.test_VerifiableMechanismExposed(gpu_node=node, check=checker, needs_real_gpus=None),
+                 lambda: tests.test_DriverAndRuntimeCompatibility(
+                     gpu_node=node, run=None, target=SimpleNamespace(cluster=None), check=checker,
+                     needs_real_gpus=None, fanout=FANOUT, request=SimpleNamespace(node=None))):
+        try:
+            call()
+        except pytest.skip.Exception:
+            pass
     records = [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
     return checker, records, asked
 
@@ -186,6 +190,11 @@ def test_a_node_advertising_nothing_warns_and_skips(tmp_path, monkeypatch):
         checker, records, asked = run_suite(tmp_path, monkeypatch, node, probe_result())
     assert asked == [] and [(r["check"], r["verdict"]) for r in records] == [
         ("driver-version-advertised", "warn"), ("driver-version-in-pod", "skip")]
+    # VerifiableMechanismExposed's JUnit case skips on the warning (a warning alone shows no mechanism)
+    with pytest.warns(GpuproofWarning), pytest.raises(pytest.skip.Exception, match="advertises no driver version"):
+        suite().TestAcceleratorDriverRuntimeManagement().test_VerifiableMechanismExposed(
+            gpu_node=node, check=Checker(RunDir(tmp_path / "again"), "driver", known_nodes={node.name: node}),
+            needs_real_gpus=None)
 
 
 @pytest.mark.parametrize("case", list(FAULTS))

@@ -40,7 +40,7 @@ FAULTS = {
     "device-plugin-asked-for-cdi-without-libcuda": ("a100-0", CDI, "device_plugin_pod_ready", [
         ("device-plugin-ready", "a100-0", "a Ready nvidia-device-plugin pod",
          "nvidia-device-plugin-ctr not ready: last exit 1")]),
-    "driver-label-set-over-gfds": ("a100-1", LYING_DRIVER_LABEL, "test_pod_gets_the_advertised_driver", [
+    "driver-label-set-over-gfds": ("a100-1", LYING_DRIVER_LABEL, "TestAcceleratorDriverRuntimeManagement", [
         ("driver-version-in-pod", "a100-1", f"the driver version NVML reports in a pod granted a GPU, as "
          f"{GFD_DRIVER_LABELS} advertise", "nvidia.com/cuda.driver-version.full=535.104.05 but NVML in the pod "
          "reports 550.54.15")]),

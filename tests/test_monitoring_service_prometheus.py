@@ -12,9 +12,10 @@ The scrape jobs give their targets the labels a PodMonitor's relabelling gives a
 - ``wrong-path``: the real server scraped at a path it does not serve: the target is down with its 404;
 - ``no-monitor``: a pod no job scrapes: no target, said so.
 
-The suite's check (suites/test_monitoring.py, ``test_inference_server_metrics_reach_prometheus``) runs against a
-fresh server of its own and this Prometheus, its cluster side (the pod on a GPU node, the PodMonitor, the requests
-through the API server's pod proxy) replaced by the local server: it passes when a job scrapes the pod, and fails
+The suite's check (suites/test_monitoring.py,
+``TestAIServiceMetrics::test_inference_server_metrics_reach_prometheus``) runs against a fresh server of its own and
+this Prometheus, its cluster side (the pod on a GPU node, the PodMonitor, the requests through the API server's pod
+proxy) replaced by the local server: it passes when a job scrapes the pod, and fails
 (``ai-service-metrics``, by node, pod, expected and actual) when the pod's target is down, when no monitor selects
 the pod, and when the server refuses the requests; it skips without a PodMonitor CRD or a Prometheus.
 
@@ -253,7 +254,7 @@ def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: 
     request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name, default=None: options.get(name, default)))
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE)
-    module.test_inference_server_metrics_reach_prometheus(
+    module.TestAIServiceMetrics().test_inference_server_metrics_reach_prometheus(
         needs_real_gpus=None, target=SimpleNamespace(cluster=NO_SERVICES),
         run=SimpleNamespace(namespace=namespace, labels={"gpuproof.dev/run": "r1"}),
         gpu_products={GPU_PRODUCT: [NODE]}, prometheus_server=lambda: module.prometheus_of(request, NO_SERVICES),

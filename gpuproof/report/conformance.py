@@ -109,17 +109,18 @@ def _access(sub: str) -> Part:
     return Part(sub, junit=(f"TestSecureAcceleratorAccess/{sub}",), feature="access", checks=(ACCESS_CHECKS[sub],))
 
 
-def _driver(sub: str, checks: tuple[str, ...], require: tuple[str, ...] = ()) -> Part:
+def _driver(sub: str, checks: tuple[str, ...], require: tuple[str, ...]) -> Part:
     """suites/test_driver.py's checks (feature "driver") judge the part, and the JUnit case named after the upstream
-    subtest: the node advertises its driver (GFD cuda.* labels or DRA driverVersion), and NVML in a pod granted a GPU
-    reports what it advertises."""
+    subtest (``TestAcceleratorDriverRuntimeManagement::test_<sub>[<node>]``): the node advertises its driver (GFD
+    cuda.* labels or DRA driverVersion), and NVML in a pod granted a GPU reports what it advertises."""
     return Part(sub, junit=(f"TestAcceleratorDriverRuntimeManagement/{sub}",), feature="driver", checks=checks,
                 require=require)
 
 
 def _metrics(test: str, sub: str = "", checks: tuple[str, ...] = ()) -> Part:
-    """The monitoring suite's checks (suites/test_monitoring.py) judge the part; without checks the JUnit case named
-    after the upstream test does."""
+    """The monitoring suite's checks (suites/test_monitoring.py) judge the part, and its JUnit cases named after the
+    upstream test: ``TestAcceleratorPerformanceMetrics::test_<sub>[<node>]`` for a subtest, the test's class
+    (``TestAIServiceMetrics``, which has no subtests upstream) otherwise."""
     return Part(sub or test, junit=(f"{test}/{sub}" if sub else test,), feature="monitoring", checks=checks)
 
 
@@ -132,7 +133,9 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "runtime configurations are correctly installed and maintained on nodes with accelerators. Once the "
         "accelerator supports exposing driver and runtime version information as part of DRA, then the platform "
         "should use the DRA mechanism for verification.",
-        parts=(_driver("VerifiableMechanismExposed", ("driver-version-advertised",)),
+        # a node that advertises nothing only warns (as upstream's subtest does): no mechanism shown, no pass
+        parts=(_driver("VerifiableMechanismExposed", ("driver-version-advertised",),
+                       require=("driver-version-advertised",)),
                _driver("DriverAndRuntimeCompatibility", ("driver-version-in-pod", "cuda-driver-version-in-pod"),
                        require=("driver-version-in-pod",))),
         guard=("TestAcceleratorDriverRuntimeManagement",)),
@@ -225,6 +228,8 @@ CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
         "bandwidth should be exposed if the underlying hardware or virtualization layer makes they available. The "
         "list of metrics should align with emerging standards, such as OpenTelemetry metrics, to ensure "
         "interoperability. The platform may provide a managed solution, but this is not required for conformance.",
+        # upstream's OptionalMetrics is only logged there, so not a part; the exporter's host label is gpuproof's own
+        # check (test_exporter_names_the_node_on_its_series), under no upstream name: it does not judge this
         parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable",
                         ("dcgm-exporter-ready", "dcgm-metrics-read", "dcgm-metrics-parse")),
                _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric",
