@@ -17,7 +17,7 @@ build. The host still provides what kubelet nodes run beside them (:func:`gpupro
 what is missing in one line): root, cgroup v1, iptables, ip, nsenter and unshare.
 
 The file is a tar compressed as one xz stream (x86 branch filter, LZMA2 preset 9e, a dictionary as large as the
-biggest program, so the programs' common bytes are stored once), readable with ``tar xJf``. A manifest
+tar up to 512 MiB, so the programs' common bytes are stored once), readable with ``tar xJf``. A manifest
 (``gpuproof-bundle.json``) names each file's place in the cache and its digest; a bundle made by another
 gpuproof (other pinned sources, so other cache folders) is refused in one line.
 """
@@ -214,14 +214,19 @@ def gather(progress: Progress = _quiet, dra: bool = True) -> list[Piece]:
     ]
 
 
+DICT_MAX = 512 << 20     # xz's dictionary at most: about 4 GB of memory to compress, 512 MiB to unpack
+
+
 def _filters(dict_size: int, fast: bool = False) -> list[dict]:
-    """xz -9e with a dictionary as large as the largest file; ``fast``: xz -1 (about twice the size, a small
-    fraction of the time: a bundle that stays on a fast network or disk, or the project's own tests)."""
+    """xz -9e with a dictionary as large as the whole tar (up to ``DICT_MAX``), so that any program's bytes can
+    repeat any earlier program's (the Go programs share libraries: 2 MiB less than a dictionary the size of the
+    largest one, RESULTS.md); ``fast``: xz -1 (about twice the size, a small fraction of the time: a bundle that
+    stays on a fast network or disk, or the project's own tests)."""
     if fast:
         return [{"id": lzma.FILTER_X86}, {"id": lzma.FILTER_LZMA2, "preset": 1}]
     return [{"id": lzma.FILTER_X86},
             {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME,
-             "dict_size": max(1 << 24, min(dict_size, 1 << 30))}]
+             "dict_size": max(1 << 24, min(dict_size, DICT_MAX))}]
 
 
 def _sha256(path: Path) -> str:
@@ -253,7 +258,6 @@ def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = 
                                 "hardlinks": {n: t.relative_to(root).as_posix() for n, t in p.hardlinks.items()}})
     manifest = {"format": FORMAT, "gpuproof": __version__, "without": [] if dra else ["dra"],
                 "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pieces": manifest_pieces}
-    biggest = max(src.stat().st_size for _, src in entries)
     raw = sum(src.stat().st_size for _, src in entries)
     how = ("(a plain tar, uncompressed)" if not compress else "(xz -1, x86 filter)" if fast
            else "(xz -9e, x86 filter; several minutes on 2 cores)")
@@ -263,7 +267,7 @@ def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        stream = (lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=_filters(biggest, fast)) if compress
+        stream = (lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, filters=_filters(raw, fast)) if compress
                   else open(tmp, "wb"))
         with stream as xz, tarfile.open(fileobj=xz, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             data = json.dumps(manifest, indent=1).encode()

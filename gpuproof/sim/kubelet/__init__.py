@@ -1,9 +1,8 @@
 """Real kubelet nodes for the embedded cluster (fleet pools with ``backend: kubelet``); :func:`load` puts a fleet's
 kubelet pools on the cluster, start to finish.
 
-Each node is a real kubelet (built from ``controlplane/kube``) with its own containerd (Debian's
-``containerd``, ``runc`` and ``containernetworking-plugins``), both in the node's own network
-namespace and mount namespace:
+Each node is a real kubelet (built from ``controlplane/kube``) with its own containerd (1.7, with runc and the CNI
+plugins, built from pinned modules: ``runtime``), both in the node's own network namespace and mount namespace:
 
 - network: a host bridge per cluster and one veth per node, the API server reached at the bridge address,
   pods on the CNI bridge plugin inside the node's namespace (``network``);
@@ -23,7 +22,8 @@ owner dies, SIGKILL included (``nodes``, ``python -m gpuproof.sim.kubelet reap``
 
 The modules, one concern each: ``needs`` (what the host must have: :func:`missing`), ``layout`` (the nodes and what
 they made: :class:`Node`, :class:`State`), ``host`` (commands, processes and files the others share), ``network``,
-``cgroups``, ``containerd``, ``agent`` (the kubelet process), ``nodes`` (start, stop, the reaper), ``gpu`` (NVIDIA's
+``cgroups``, ``runtime`` (containerd, runc, the CNI plugins), ``containerd`` (its config and start), ``agent`` (the
+kubelet process), ``nodes`` (start, stop, the reaper), ``gpu`` (NVIDIA's
 software and NFD's master), ``lent`` (the workload image the nodes lend), ``dra`` (NVIDIA's DRA driver), ``faults``
 (fleet faults that break a node), ``toolkit`` (NVIDIA's container toolkit as a node's runtime). This module
 re-exports what the rest of gpuproof and the tests use, so ``kubelet.<name>`` stays their one spelling.

@@ -33,6 +33,17 @@ import (
 
 func kwokMain(args []string) int {
 	os.Args = args
+	// cobra merges pflag.CommandLine into every command, and here it holds Kubernetes' --version (verflag: a flag of
+	// its own type, linked in by the other programs), which kwok's bool --version cannot read: kwok gets the
+	// global flags without it, as in its own executable, where verflag is not linked
+	global := pflag.NewFlagSet(args[0], pflag.ExitOnError)
+	pflag.CommandLine.VisitAll(func(f *pflag.Flag) {
+		if f.Name != "version" {
+			global.AddFlag(f)
+		}
+	})
+	pflag.CommandLine = global
+
 	flagset := pflag.NewFlagSet("global", pflag.ContinueOnError)
 	flagset.ParseErrorsWhitelist.UnknownFlags = true
 	flagset.Usage = func() {}
