@@ -50,8 +50,9 @@ if [ -f .whl/nvml_calls.py ]; then step nvml_calls 30 $PY .whl/nvml_calls.py; fi
 bench inference "${GPU_RUN_INFERENCE_S:-240}"
 # the embedded cluster over this machine's GPUs (issue #42 item 4; at most 7.5 minutes of the machine):
 # GPU_RUN_STEPS="bundle gpu-host" runs just these. The bundle (`gpuproof sim bundle --without-dra -o FILE` where Go
-# is, 50 MiB, carried beside the repository) is installed into the build cache, so nothing is built here; then the gpu-host fleet (one
-# kubelet node over this machine's driver and GPUs) runs the suite with the benchmarks, its records in gpu-host/.
+# is, 47 MiB with the nodes' containerd, runc and CNI plugins, carried beside the repository) is installed into the
+# build cache, so nothing is built here; then the gpu-host fleet (one kubelet node over this machine's driver and
+# GPUs) runs the suite with the benchmarks, its records in gpu-host/.
 BUNDLE=${GPU_RUN_BUNDLE:-gpuproof-bundle.tar.xz}
 # what a kubelet node needs of this machine, said at once (a first GPU run learns every lack in one go): root,
 # cgroup v1 (the type of /sys/fs/cgroup), capabilities, the tools, the driver gpu-host would use
