@@ -17,7 +17,8 @@ Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
 - ``GET /v1/models``: the one model, with its ``max_model_len``.
 - ``GET /health`` and ``GET /healthz``: 200 once the model is loaded and warmed up, 503 before.
 - ``GET /metrics``: JSON counters for the client's capacity search: process CPU seconds,
-  the engine's forward (model) and busy seconds, summed per-request handler CPU, queue
+  the engine's forward (model) and busy seconds, its steps with the server's CPU and the
+  device's seconds over them (``llm_step.StepClock``), summed per-request handler CPU, queue
   and model time, tokens, the NVML samples' GPU utilization so far, and how full the
   engine is: ``running`` and ``waiting`` now, ``max_batch`` (its batch slots) and the
   running/waiting requests summed over time (``engine.running_s``/``waiting_s``). A client takes
@@ -32,7 +33,7 @@ Endpoints (the same a client uses against vLLM, TGI, SGLang or NIM):
 The model's size comes from ``--model`` (a preset; ``auto`` = sized from the GPU's
 memory, ``cpu`` on the CPU) or ``--layers/--hidden/--heads/--vocab``; the KV cache has
 ``--max-batch`` slots of ``--max-seq`` tokens (fewer slots when the GPU's memory does
-not hold them).
+not hold them). On a GPU the decode step is a CUDA graph replay (``--cuda-graphs``, ``llm_step.GraphDecoder``).
 
 Stops on SIGTERM / SIGINT (or after ``--max-seconds``) and prints one JSON summary. The
 bound port is written to ``--port-file`` once the socket listens (``--port 0`` = a free port).
@@ -52,6 +53,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import llm_model
+import llm_step
 import nvml_sampler
 import workload_common as common
 
@@ -421,6 +423,19 @@ def kv_slots(args, device: str, layers: int, hidden: int, dtype_bytes: int, weig
     return max(1, min(args.max_batch, int(budget // per_slot)))
 
 
+def per_step(served: dict, eng: dict) -> dict:
+    """The engine's steps after the warm-up: the server's CPU and the device's time per step (``llm_step``), their
+    ratio (>= ~1 on a GPU: the server's Python keeps the GPU waiting), tokens per step, and the device's share of
+    the steps' wall time."""
+    steps = served["steps"]
+    return {"steps": steps, "device_timer": eng.get("device_timer"), "cuda_graphs": eng.get("cuda_graphs"),
+            "cpu_ms": served["cpu_s"] / steps * 1e3 if steps else None,
+            "device_ms": served["device_s"] / steps * 1e3 if steps else None,
+            "cpu_per_device": served["cpu_s"] / served["device_s"] if served["device_s"] > 0 else None,
+            "tokens_per_step": (served["prefill_tokens"] + served["decode_tokens"]) / steps if steps else None,
+            "device_share_of_busy": served["device_s"] / served["busy_s"] if served["busy_s"] > 0 else None}
+
+
 def build_parser():
     p = common.parser(
         "inference_server.py",
@@ -455,6 +470,9 @@ def build_parser():
     p.add_argument("--max-queue", type=int, default=4096, help="waiting requests before 503 (default 4096)")
     p.add_argument("--request-timeout", type=float, default=120.0,
                    help="seconds a request may wait for its next token before it fails (default 120)")
+    p.add_argument("--cuda-graphs", choices=("auto", "on", "off"), default="auto",
+                   help="decode steps as CUDA graph replays (default auto: on a GPU; off on the CPU, where 'on' "
+                        "is an error); a capture that fails falls back to eager decoding, said in the summary")
     p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
     p.add_argument("--max-seconds", type=float, default=0.0, help="stop by itself after this long (0 = never)")
     nvml_sampler.add_args(p)
@@ -519,7 +537,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         server.server_close()
         return common.fail_usage(f"cannot build the model ({preset}: {layers} layers, hidden {hidden}): {exc}")
-    engine = llm_model.Engine(model, args.max_prefill_tokens, args.max_queue)
+    use_graphs = args.cuda_graphs == "on" or args.cuda_graphs == "auto" and device.startswith("cuda")
+    if use_graphs and not device.startswith("cuda"):
+        server.server_close()
+        return common.fail_usage("--cuda-graphs on needs a CUDA device")
+    graphs, graphs_error = None, None
+    if use_graphs:
+        t_cap = time.perf_counter()
+        try:
+            graphs = llm_step.GraphDecoder(model)
+            common.log(f"captured {graphs.capture_all()} CUDA graphs of the decode step (batch {graphs.batch_sizes}, "
+                       f"span {graphs.spans}) in {time.perf_counter() - t_cap:.1f} s")
+        except Exception as exc:  # eager decoding still serves; the summary says why the graphs are off
+            graphs_error = f"{type(exc).__name__}: {exc}"
+            common.log(f"CUDA graphs failed, decoding eagerly: {graphs_error}")
+    engine = llm_model.Engine(model, args.max_prefill_tokens, args.max_queue, graphs=graphs)
+    engine.graphs_error = graphs_error
     server.engine = engine
     server.info = {"model": args.model_name, "preset": preset, "layers": layers, "hidden": hidden, "heads": heads,
                    "vocab": vocab, "max_seq": args.max_seq, "max_batch": slots, "params": model.n_params,
@@ -555,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     result = common.base_result("inference_server")
     m = metrics(server)
     eng = m["engine"]
-    served = {k: eng.get(k, 0) - engine_warm.get(k, 0) for k in ("forward_s", "busy_s", "steps")}
+    served = {k: eng.get(k, 0) - engine_warm.get(k, 0)
+              for k in ("forward_s", "busy_s", "steps", "cpu_s", "device_s", "prefill_tokens", "decode_tokens")}
     ok = m["ok"] or 1
     result.update(server.info, port=port, uptime_s=time.time() - t_start, torch=torch.__version__,
                   stats={k: m[k] for k in ("requests", "ok", "errors", "rejected", "prompt_tokens",
@@ -564,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                   per_request_ms={"handler_cpu": m["handler_cpu_s"] / ok * 1e3, "queue": m["queue_s"] / ok * 1e3,
                                   "model": m["model_s"] / ok * 1e3,
                                   "scheduler": (served["busy_s"] - served["forward_s"]) / ok * 1e3},
-                  process_cpu_s=m["process_cpu_s"], utilization=summary, ok=True)
+                  per_step=per_step(served, eng), process_cpu_s=m["process_cpu_s"], utilization=summary, ok=True)
     common.emit(result)
     return 0
 

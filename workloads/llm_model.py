@@ -16,7 +16,10 @@ serving it loads a GPU the way serving a real LLM does.
 
 The engine times itself: ``forward_s`` (wall time inside prefill/decode forward passes,
 synchronised on CUDA: the model's compute), ``busy_s`` (wall time inside steps: forward
-plus the scheduler's own Python), and per request the share of forward time it was part of.
+plus the scheduler's own Python), and per request the share of forward time it was part of; per
+step (``llm_step.StepClock``) ``cpu_s``, the server's CPU time, against ``device_s``, the device's
+time (CUDA events on a GPU). With ``graphs`` (``llm_step.GraphDecoder``) a decode step is one CUDA
+graph replay instead of some 15 calls per layer.
 It also keeps how full it was: ``running_s`` and ``waiting_s``, the running (batch slots
 used) and waiting requests summed over the steps' wall time, so that two readings give the
 mean of each between them. A loop that is never idle ("busy 100%") with 2 of 16 slots used
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 import math
 import queue
+import sys
 import threading
 import time
 import zlib
+
+import llm_step
 
 EOS = 0
 
@@ -107,6 +113,7 @@ class LLM:
         cache_shape = (layers, slots, heads, max_seq, self.head_dim)
         self.k = torch.zeros(cache_shape, device=device, dtype=self.dtype)
         self.v = torch.zeros(cache_shape, device=device, dtype=self.dtype)
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)   # per-layer views, indexed once
 
     @property
     def n_params(self) -> int:
@@ -129,8 +136,12 @@ class LLM:
     def _logits(self, x):
         return (self._norm(x, self.lnf) @ self.head).float()
 
-    def prefill(self, prompts: list[list[int]], slot0: int):
+    def prefill(self, prompts: list[list[int]], slot0: int) -> list[int]:
         """Prompts of equal length into slots slot0.. slot0+n-1; returns the first token of each."""
+        return self.prefill_async(prompts, slot0).tolist()
+
+    def prefill_async(self, prompts: list[list[int]], slot0: int):
+        """:meth:`prefill`, its tokens left on the device (a tensor: reading it waits for the GPU)."""
         import torch
         import torch.nn.functional as F
 
@@ -146,32 +157,43 @@ class LLM:
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                 x = x + a.transpose(1, 2).reshape(n, length, self.hidden) @ b["wo"]
                 x = x + self._mlp(x, b)
-            return self._logits(x[:, -1]).argmax(-1).tolist()
+            return self._logits(x[:, -1]).argmax(-1)
 
-    def decode(self, tokens: list[int], lengths: list[int]):
+    def decode(self, tokens: list[int], lengths: list[int]) -> list[int]:
         """One token for each of the first len(tokens) slots; ``lengths[i]`` tokens are cached
         for slot i (the new token goes to that position). Returns the next token of each."""
+        return self.decode_async(tokens, lengths).tolist()
+
+    def decode_async(self, tokens: list[int], lengths: list[int]):
+        """:meth:`decode`, its tokens left on the device."""
+        import torch
+
+        return self.decode_core(torch.tensor(tokens, device=self.device), torch.tensor(lengths, device=self.device),
+                                max(lengths) + 1)
+
+    def decode_core(self, ids, pos, span: int):
+        """The decode step on device tensors only (no host sync, fixed shapes for a given batch and ``span``: what
+        a CUDA graph captures, see ``llm_step.GraphDecoder``): slot i takes token ``ids[i]`` at position
+        ``pos[i]`` and attends to its positions ``0..pos[i]`` of the first ``span``. The batch is 2-D (n, hidden)
+        and each residual add is fused into its matmul (``addmm``): fewer calls per layer, the same maths."""
         import torch
         import torch.nn.functional as F
 
-        n = len(tokens)
-        span = max(lengths) + 1
+        n = ids.shape[0]
         with torch.inference_mode():
-            ids = torch.tensor(tokens, device=self.device)
-            pos = torch.tensor(lengths, device=self.device)
             rows = torch.arange(n, device=self.device)
-            x = (self.embed[ids] + self.pos[pos]).unsqueeze(1)                       # n, 1, h
+            x = self.embed[ids] + self.pos[pos]                                      # n, h
             mask = (torch.arange(span, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-            for i, b in enumerate(self.blocks):
+            for b, kc, vc in zip(self.blocks, self.k_layers, self.v_layers):
                 q, k, v = (self._norm(x, b["ln1"]) @ b["wqkv"]).view(n, 3, self.heads, self.head_dim) \
                     .unbind(1)                                                       # n, H, D each
-                self.k[i, rows, :, pos] = k
-                self.v[i, rows, :, pos] = v
-                a = F.scaled_dot_product_attention(q.unsqueeze(2), self.k[i, :n, :, :span],
-                                                   self.v[i, :n, :, :span], attn_mask=mask)
-                x = x + a.reshape(n, 1, self.hidden) @ b["wo"]
-                x = x + self._mlp(x, b)
-            return self._logits(x[:, 0]).argmax(-1).tolist()
+                kc[rows, :, pos] = k
+                vc[rows, :, pos] = v
+                a = F.scaled_dot_product_attention(q.unsqueeze(2), kc[:n, :, :span], vc[:n, :, :span],
+                                                   attn_mask=mask)
+                x = torch.addmm(x, a.view(n, self.hidden), b["wo"])
+                x = torch.addmm(x, F.gelu(self._norm(x, b["ln2"]) @ b["w1"], approximate="tanh"), b["w2"])
+            return self._logits(x).argmax(-1)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy a sequence's cache to another slot (keeps running sequences in slots 0..n-1)."""
@@ -214,8 +236,11 @@ class Request:
 class Engine:
     """Continuous batching over an :class:`LLM` in one scheduler thread."""
 
-    def __init__(self, model: LLM, max_prefill_tokens: int = 8192, max_queue: int = 4096):
+    def __init__(self, model: LLM, max_prefill_tokens: int = 8192, max_queue: int = 4096, graphs=None):
         self.model = model
+        self.graphs = graphs                  # an llm_step.GraphDecoder: decode steps as graph replays
+        self.graphs_error: str | None = None  # why the graphs were given up (then decode runs eagerly)
+        self.clock = llm_step.StepClock(model.device)
         self.max_prefill_tokens = max_prefill_tokens
         self.max_queue = max_queue
         self.waiting: list[Request] = []
@@ -225,7 +250,9 @@ class Engine:
         self.lock = threading.Lock()          # guards the counters below
         self.counters = {"steps": 0, "prefill_steps": 0, "decode_steps": 0, "forward_s": 0.0, "busy_s": 0.0,
                          "prefill_tokens": 0, "decode_tokens": 0, "finished": 0, "batch_rows": 0,
-                         "max_batch_seen": 0, "running_s": 0.0, "waiting_s": 0.0}
+                         "max_batch_seen": 0, "running_s": 0.0, "waiting_s": 0.0,
+                         # per step (llm_step.StepClock): the server's CPU and the device's time, summed
+                         "cpu_s": 0.0, "device_s": 0.0, "graph_steps": 0}
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> "Engine":
@@ -252,14 +279,26 @@ class Engine:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return dict(self.counters)
+            out = dict(self.counters)
+        out["device_timer"] = self.clock.timer
+        out["cuda_graphs"] = ("off" if self.graphs is None else
+                              f"failed: {self.graphs_error}" if self.graphs_error else "on")
+        return out
 
     # -- the scheduler thread
-    def _sync(self) -> None:
-        if self.model.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize()
+    def _decode(self, tokens: list[int], lengths: list[int]):
+        """The decode step's tokens (a device tensor): a graph replay, or eager when there are no graphs or
+        they failed (once: the reason is kept and the rest of the run is eager)."""
+        if self.graphs is not None and self.graphs_error is None:
+            try:
+                out = self.graphs.decode(tokens, lengths)
+                with self.lock:
+                    self.counters["graph_steps"] += 1
+                return out
+            except Exception as exc:  # a capture or replay that fails must not take the server down
+                self.graphs_error = f"{type(exc).__name__}: {exc}"
+                print(f"CUDA graphs given up, decoding eagerly: {self.graphs_error}", file=sys.stderr, flush=True)
+        return self.model.decode_async(tokens, lengths)
 
     def _admit(self) -> list[Request]:
         with self.cond:
@@ -280,11 +319,13 @@ class Engine:
         req.out.put(None)
 
     def _run(self) -> None:
+        clock = self.clock
         while not self.stopping:
             admitted = self._admit()
             if self.stopping:
                 break
             t_step = time.perf_counter()
+            clock.begin()
             fwd = 0.0
             running = len(self.running) + len(admitted)
             try:
@@ -296,7 +337,10 @@ class Engine:
                 for length, group in by_len.items():
                     slot0 = len(self.running)
                     t0 = time.perf_counter()
-                    firsts = self.model.prefill([r.prompt for r in group], slot0)
+                    with clock.forward():
+                        out = self.model.prefill_async([r.prompt for r in group], slot0)
+                    with clock.wait():
+                        firsts = out.tolist()
                     dt = time.perf_counter() - t0
                     fwd += dt
                     now = time.perf_counter()
@@ -313,12 +357,15 @@ class Engine:
                 if self.running:
                     batch = list(self.running)
                     t0 = time.perf_counter()
-                    nxt = self.model.decode([r.last for r in batch],
-                                            [len(r.prompt) + r.generated - 1 for r in batch])
+                    with clock.forward():
+                        out = self._decode([r.last for r in batch], [len(r.prompt) + r.generated - 1 for r in batch])
+                    with clock.wait():
+                        nxt = out.tolist()
                     dt = time.perf_counter() - t0
                     fwd += dt
+                    share = dt / len(batch)
                     for r, tok in zip(batch, nxt):
-                        r.model_s += dt / len(batch)
+                        r.model_s += share
                         r._emit(tok)
                     with self.lock:
                         self.counters["decode_steps"] += 1
@@ -334,7 +381,10 @@ class Engine:
                 with self.cond:
                     self.running = []
             busy = time.perf_counter() - t_step
+            cpu_s, device_s = clock.end()
             with self.lock:
+                self.counters["cpu_s"] += cpu_s
+                self.counters["device_s"] += device_s
                 self.counters["steps"] += 1
                 self.counters["forward_s"] += fwd
                 self.counters["busy_s"] += busy

@@ -205,6 +205,19 @@ def gpuproof_headroom(m0: dict | None, m1: dict | None) -> dict | None:
             "kv_cache_usage_mean": None, "kv_cache_usage_max": None}
 
 
+def engine_steps(e0: dict, e1: dict, dw: float) -> dict:
+    """Per engine step between two readings (a server that times its steps: ``llm_step.StepClock``): the server's
+    CPU and the device's milliseconds, their ratio, tokens per step and the device's share of the wall time."""
+    steps = e1.get("steps", 0) - e0.get("steps", 0)
+    if "cpu_s" not in e1 or steps <= 0:
+        return {}
+    cpu, dev = e1["cpu_s"] - e0.get("cpu_s", 0.0), e1["device_s"] - e0.get("device_s", 0.0)
+    tokens = sum(e1.get(k, 0) - e0.get(k, 0) for k in ("prefill_tokens", "decode_tokens"))
+    return {"engine_steps": steps, "cpu_ms_per_step": cpu / steps * 1e3, "device_ms_per_step": dev / steps * 1e3,
+            "cpu_per_device_step": cpu / dev if dev > 0 else None, "tokens_per_step": tokens / steps,
+            "device_busy": dev / dw, "device_timer": e1.get("device_timer"), "cuda_graphs": e1.get("cuda_graphs")}
+
+
 def headroom_text(room: dict | None) -> str:
     """'2.4 of 16 batch slots used, 0.0 waiting' (what a user reads beside "busy")."""
     if not room:
@@ -300,6 +313,21 @@ def pace(sends: list[float], ended: list[float], answered: list[float], t0: floa
             "keeps_pace": shortfall <= slack or caught_up, "shortfall": shortfall, "slack": slack}
 
 
+# On a GPU, a step whose server CPU time is at least this share of the GPU's time (both per engine step, from the
+# server's /metrics: ``llm_step.StepClock``) is bound by the server's Python, not the device. CUDA events count the
+# gaps that slow launches leave between kernels, so a launch-bound step reads a device time about equal to its CPU
+# time (ratio ~1, above 1 with the scheduler's own Python); a GPU-bound one reads well above it (ratio << 1).
+# NVML cannot tell them apart: a sample period counts as busy when any kernel ran in it.
+PYTHON_BOUND_RATIO = 0.9
+
+
+def python_bound(srv: dict) -> bool:
+    """The server's CPU per step is >= PYTHON_BOUND_RATIO of the GPU's (CUDA-event timing only: on the CPU the
+    device time is the model's compute on the same cores, and the ratio is the scheduler's share of it)."""
+    ratio = srv.get("cpu_per_device_step")
+    return srv.get("device_timer") == "cuda-events" and ratio is not None and ratio >= PYTHON_BOUND_RATIO
+
+
 def classify(step: dict, threshold: float) -> tuple[str, str]:
     """What bound a failing valid step: 'client', 'device' or 'server' (see loadgen's doc), and why.
     (A saturated client was already caught by :func:`step_validity`.) Busy alone is never
@@ -312,6 +340,10 @@ def classify(step: dict, threshold: float) -> tuple[str, str]:
     busy = max(srv.get("cpu_util") or 0.0, srv.get("engine_busy") or 0.0)
     behind = (f"completions {step['completion_rps']:.3g} < offered {step['offered_rps']:.3g} req/s, "
               if step.get("keeps_pace") is False else "")
+    if python_bound(srv) and full:
+        return "server", (f"the server's Python bounds the GPU: {srv['cpu_ms_per_step']:.2f} ms of its CPU per "
+                          f"engine step against the GPU's {srv['device_ms_per_step']:.2f} ms (ratio "
+                          f"{srv['cpu_per_device_step']:.2f} >= {PYTHON_BOUND_RATIO}), {behind}{fullness}")
     if gpu is not None and gpu >= threshold * 100 and full:
         return "device", f"GPU busy {gpu:.0f}% (NVML) and the server full: {behind}{fullness}"
     if srv and busy >= threshold and full:

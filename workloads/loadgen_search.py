@@ -183,6 +183,8 @@ class Runner:
                    f"{row['client_cpu_per_request_ms'] or 0:.2f} ms/request), lag p95 "
                    f"{row['schedule_lag_p95_ms'] or 0:.0f} ms, "
                    + (f"server busy {srv.get('engine_busy', 0):.0%} " if srv else "")
+                   + (f"(CPU {srv['cpu_ms_per_step']:.2f} / device {srv['device_ms_per_step']:.2f} ms per step) "
+                      if srv.get("cpu_ms_per_step") is not None else "")
                    + f"({loadclient.headroom_text(row['headroom'])}): "
                    + ("INVALID (" + why + ")" if not valid else "SLO met" if row["slo_met"]
                       else f"FAIL ({'; '.join(row['fail_reasons'])}) -> {row['bound_by']}"))

@@ -135,6 +135,7 @@ def server_side(m0: dict | None, m1: dict | None) -> dict | None:
                    queue_ms=d["queue_s"] / n * 1e3,
                    overhead_fraction=(handler + sched) / (handler + sched + model) if handler + sched + model > 0
                    else None)
+    out.update(loadclient.engine_steps(e0, e1, dw))
     g0, g1 = m0.get("gpu") or {}, m1.get("gpu") or {}
     dn = g1.get("n", 0) - g0.get("n", 0)
     out["gpu_util_pct"] = (g1.get("util_pct_sum", 0) - g0.get("util_pct_sum", 0)) / dn if dn > 0 else None

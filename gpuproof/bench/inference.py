@@ -85,6 +85,11 @@ class Inference(Benchmark):
             if srv.get("overhead_fraction") is not None:
                 head += (f", server overhead {srv['overhead_ms']:.1f} ms/request = {srv['overhead_fraction']:.1%} "
                          f"of {srv['overhead_ms'] + srv['model_ms']:.0f} ms")
+        step = (result.get("server") or {}).get("per_step") or {}
+        if step.get("cpu_per_device") is not None:
+            head += (f"; per engine step the server's CPU {step['cpu_ms']:.2f} ms against the device's "
+                     f"{step['device_ms']:.2f} ms ({step['device_timer']}): ratio {step['cpu_per_device']:.2f}, "
+                     f"{step['tokens_per_step']:.1f} tokens/step, CUDA graphs {step.get('cuda_graphs')}")
         if result.get("server_error"):
             head += f"; {result['server_error']}"
         return head
@@ -186,7 +191,17 @@ class Inference(Benchmark):
     SERVER_METRICS = {"engine_busy": ("server_busy", "ratio"), "overhead_ms": ("server_overhead_ms", "ms"),
                       "model_ms": ("model_ms_per_request", "ms"),
                       "overhead_fraction": ("server_overhead_fraction", "ratio"),
-                      "gpu_util_pct": ("gpu_util_pct", "%")}
+                      "gpu_util_pct": ("gpu_util_pct", "%"),
+                      # per engine step (the built-in server's llm_step.StepClock): its CPU against the device's
+                      "cpu_ms_per_step": ("server_cpu_ms_per_step", "ms"),
+                      "device_ms_per_step": ("device_ms_per_step", "ms"),
+                      "cpu_per_device_step": ("cpu_per_device_step", "ratio"),
+                      "tokens_per_step": ("tokens_per_step", "tokens"), "device_busy": ("device_busy", "ratio")}
+    # the whole run's steps (the server's summary, warm-up left out): recorded in every run of the built-in server
+    RUN_STEP_METRICS = {"cpu_ms": ("run_server_cpu_ms_per_step", "ms"), "device_ms": ("run_device_ms_per_step", "ms"),
+                        "cpu_per_device": ("run_cpu_per_device_step", "ratio"),
+                        "tokens_per_step": ("run_tokens_per_step", "tokens"), "steps": ("run_engine_steps", "count"),
+                        "device_share_of_busy": ("run_device_share_of_busy", "ratio")}
 
     def to_records(self, result: dict, node: str = "local", product: str = "") -> list[MetricRecord]:
         product = self.product_of(result, product)
@@ -260,6 +275,10 @@ class Inference(Benchmark):
                             overhead / (overhead + pr["model"]) if overhead + pr["model"] > 0 else None, "ratio",
                             base, node, product),
             ]
+        step = server.get("per_step") or {}
+        timing = {**base, "device_timer": step.get("device_timer"), "cuda_graphs": step.get("cuda_graphs")}
+        for key, (metric, unit) in self.RUN_STEP_METRICS.items():
+            recs.append(self.record(metric, step.get(key), unit, timing, node, product))
         return present(recs) + self.utilization_records(result, node, product)
 
     def manifests(self, params: dict, *, labels: dict, namespace: str, name: str, product: str | None = None,
