@@ -156,6 +156,25 @@ def test_parse_result_takes_the_last_json_line():
         wl.parse_result("Traceback (most recent call last):\n  boom\n")
 
 
+def test_a_long_result_split_by_the_runtime_around_stderr_lines_is_read_whole():
+    """containerd stores a stdout line over 16 KiB in pieces (CRI tag P, then F); the kubelet's log joins the pieces,
+    but a stderr line stored between two pieces lands inside the result (seen in a CI run: the health pod's 30 KB
+    result with its last progress lines inside it, 'printed no JSON result')."""
+    result = {"workload": "health", "checks": [{"gpu": i, "reason": "x" * 300, "value": [1.5, 2]} for i in range(150)]}
+    text = json.dumps(result, sort_keys=True)
+    pieces = [text[i:i + 16384] for i in range(0, len(text), 16384)]
+    assert len(pieces) >= 3
+    progress = ["[05:42:47] FAIL GPU 1 (GPU-2c2f): gpu_reachable: NVML: GPU is lost", "[05:42:47] health: 52 pass"]
+    logs = "[05:42:45] starting\n" + pieces[0] + progress[0] + "\n" + pieces[1] + progress[1] + "\n" + \
+        "".join(pieces[2:]) + "\n"
+    assert wl.parse_result(logs) == result
+    two_lines = ("[05:42:45] starting\n" + pieces[0] + progress[0] + "\n" + progress[1] + "\n"
+                 + "".join(pieces[1:]) + "\n")
+    assert wl.parse_result(two_lines) == result
+    with pytest.raises(GpuproofError, match="no JSON result"):      # cut short: never printed whole
+        wl.parse_result("[05:42:45] starting\n" + pieces[0] + progress[0] + "\n")
+
+
 def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workload():
     """The embedded cluster's kubelet nodes lend an image with the host's Python (gpuproof.sim.kubelet.workload_image):
     every workload object mounts its folders read-only at the same path, with its environment."""

@@ -326,16 +326,42 @@ def _shell_quote(s: str) -> str:
 # ------------------------------------------------------------------ results
 
 
+# a workload's progress line on stderr (workload_common.log): "[HH:MM:SS] ..."
+_PROGRESS = re.compile(r"\[\d\d:\d\d:\d\d\] ")
+
+
+def _json_object(text: str) -> dict | None:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def last_json(logs: str) -> dict | None:
-    """The last line of ``logs`` that is a JSON object, or None."""
-    for line in reversed((logs or "").splitlines()):
+    """The last line of ``logs`` that is a JSON object, or None.
+
+    A pod's log interleaves its stdout and stderr as the runtime stored them, and the runtime stores a line longer
+    than its limit (containerd: 16 KiB) in pieces: a stderr line that arrives between two pieces of a long result
+    lands inside it (the piece, the stderr line and its newline, then the rest). Such a result is read by joining
+    the lines from the last one that opens an object, each cut where a workload's progress line begins
+    (:func:`_rejoined`); a result that was never printed whole stays None."""
+    lines = (logs or "").splitlines()
+    for line in reversed(lines):
         line = line.strip()
-        if line.startswith("{") and line.endswith("}"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
+        if line.startswith("{") and line.endswith("}") and (value := _json_object(line)) is not None:
+            return value
+    return _rejoined(lines)
+
+
+def _rejoined(lines: list[str]) -> dict | None:
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("{")]
+    for start in reversed(starts):
+        text = ""
+        for line in lines[start:]:
+            cut = _PROGRESS.search(line)
+            text += line[:cut.start()] if cut else line
+            if text.rstrip().endswith("}") and (value := _json_object(text.strip())) is not None:
                 return value
     return None
 
