@@ -214,6 +214,13 @@ def build(names: list[str] | None = None, progress: Progress | None = None,
     return out
 
 
+def build_folder(module: str, ldflags: str = "", env: dict[str, str] | None = None,
+                 settings: tuple[str, ...] = ()) -> Path:
+    """The cache folder :func:`go_build` puts ``controlplane/<module>``'s binaries in for these settings (without
+    building: the bundle's and the lookups' one spelling of it)."""
+    return module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted((env or {}).items())), *settings)
+
+
 def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict[str, str] | None = None,
              go: str | None = None, progress: Progress | None = None, force: bool = False,
              workdir: Callable[[str, Path], Path] | None = None, settings: tuple[str, ...] = ()) -> Path:
@@ -223,7 +230,7 @@ def go_build(module: str, packages: dict[str, str], ldflags: str = "", env: dict
     Safe against concurrent calls: a second builder waits for the first, then finds the binaries."""
     progress = progress or _quiet
     env = env or {}
-    out = module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted(env.items())), *settings)
+    out = build_folder(module, ldflags, env, settings)
     if not force and all(_is_exe(out / n) for n in packages):
         return out                          # built before, or installed from a bundle: no Go needed
     go = go or _go(list(packages))

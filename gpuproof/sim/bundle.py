@@ -83,10 +83,6 @@ class Piece:
         return self.folder.relative_to(_binaries.cache_root()).as_posix()
 
 
-def _module_folder(module: str, ldflags: str, env: dict[str, str] | None = None) -> Path:
-    return _binaries.module_cache(module, ldflags, *(f"{k}={v}" for k, v in sorted((env or {}).items())))
-
-
 def folders() -> dict[str, Path]:
     """Where each piece lives in the cache of this gpuproof (what the lookups compute)."""
     from . import clusternet, kubelet, nvidia
@@ -94,13 +90,12 @@ def folders() -> dict[str, Path]:
     from .kubelet import runtime as node_runtime
 
     return {
-        "kube": _module_folder("kube", _binaries.LDFLAGS["kube"]),
-        "kwok": _module_folder("kwok", _binaries.LDFLAGS["kwok"]),
-        "nfd": _module_folder(kubelet.NFD[0], kubelet.NFD_LDFLAGS),
-        "coredns": _module_folder(clusternet.COREDNS[0], "-s -w", clusternet.COREDNS_ENV),
+        "kube": _binaries.build_folder("kube", _binaries.LDFLAGS["kube"]),
+        "kwok": _binaries.build_folder("kwok", _binaries.LDFLAGS["kwok"]),
+        "nfd": _binaries.build_folder(kubelet.NFD[0], kubelet.NFD_LDFLAGS),
+        "coredns": _binaries.build_folder(clusternet.COREDNS[0], "-s -w", clusternet.COREDNS_ENV),
         **{f"runtime-{k}": v for k, v in node_runtime.folders().items()},
-        "cdihook": _module_folder(kubelet_dra.CDI_HOOK[0], f"-s -w -X {kubelet_dra.CDI_HOOK[1]}/internal/info.version="
-                                                            f"{kubelet_dra.TOOLKIT_VERSION}"),
+        "cdihook": _binaries.build_folder(kubelet_dra.CDI_HOOK[0], kubelet_dra.TOOLKIT_LDFLAGS),
         "nvidia": nvidia.cache_dir(),
         "images": _binaries.cache_root() / "images",
     }
@@ -115,8 +110,7 @@ def _multicall_settings() -> tuple[str, ...]:
 
 def multicall_folder() -> Path:
     """Where :func:`multicall` puts the executable (without building it)."""
-    return _binaries.module_cache(MULTICALL[0], multicall_ldflags(),
-                                  *(f"{k}={v}" for k, v in sorted(MULTICALL_ENV.items())), *_multicall_settings())
+    return _binaries.build_folder(MULTICALL[0], multicall_ldflags(), MULTICALL_ENV, _multicall_settings())
 
 
 def kwok_source(go: str, tmp: Path) -> Path:

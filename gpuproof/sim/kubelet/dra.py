@@ -39,6 +39,7 @@ Progress = Callable[[str], None]
 
 TOOLKIT_VERSION = "v1.19.0"               # the NVIDIA Container Toolkit the pinned DRA driver requires (its go.mod)
 CDI_HOOK = ("cdihook", "github.com/NVIDIA/nvidia-container-toolkit")
+TOOLKIT_LDFLAGS = f"-s -w -X {CDI_HOOK[1]}/internal/info.version={TOOLKIT_VERSION}"   # the toolkit's programs
 CDI_ROOT = "/var/run/cdi"                 # the chart's CDI_ROOT; containerd reads no other (host's /etc/cdi: shared)
 
 # the chart (deployments/helm/dra-driver-nvidia-gpu), installed as NVIDIA's install guide installs it:
@@ -68,8 +69,7 @@ def cdi_hook(progress: Progress = _quiet) -> Path:
     """NVIDIA's ``nvidia-cdi-hook``, built from ``controlplane/cdihook`` on first use."""
     module, path = CDI_HOOK
     return _binaries.go_build(module, {"nvidia-cdi-hook": f"{path}/cmd/nvidia-cdi-hook"},   # cgo: go-nvml
-                              ldflags=f"-s -w -X {path}/internal/info.version={TOOLKIT_VERSION}",
-                              progress=progress) / "nvidia-cdi-hook"
+                              ldflags=TOOLKIT_LDFLAGS, progress=progress) / "nvidia-cdi-hook"
 
 
 def prepare(sw, progress: Progress = _quiet) -> tuple[Path, str]:

@@ -51,7 +51,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     sim_dir = Path(sim_dir)
     stop(sim_dir)
     kubelet = agent.kubelet_binary(progress)
-    node_runtime.locate(progress)           # containerd, runc, the CNI plugins: built once, before any node
+    runtime = node_runtime.locate(progress)     # containerd, runc, the CNI plugins: found (or built) once
     from .. import images
 
     tars = [images.pause_image(), *(extra_images or [])]
@@ -68,7 +68,7 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
         for n in nodes:
             nvidia = (devices or {}).get(n.name) or tuple(
                 (f"nvidia{i}", os.makedev(NVIDIA_MAJOR, i)) for i in range((gpus or {}).get(n.name, 0)))
-            _start_node(sim_dir, state, n, kubelet, (gpu_files or {}).get(n.name, {}), nvidia,
+            _start_node(sim_dir, state, n, kubelet, runtime, (gpu_files or {}).get(n.name, {}), nvidia,
                         [*tars, *(node_images or {}).get(n.name, [])], timeout)
             _save(sim_dir, state)
             progress(f"kubelet node {n.name}: containerd and kubelet started ({n.ip(state.subnet)})")
@@ -78,7 +78,8 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     return state
 
 
-def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict[str, str],
+def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, runtime: node_runtime.NodeRuntime,
+                files: dict[str, str],
                 nvidia: tuple[tuple[str, int], ...], tars: list[tuple[Path, str]], timeout: float) -> None:
     from .. import images
 
@@ -99,7 +100,6 @@ def _start_node(sim_dir: Path, state: State, n: Node, kubelet: Path, files: dict
             os.mknod(dev / name, 0o666 | stat.S_IFCHR, number)
     if n.dra:       # NVIDIA's DRA driver reads the driver root around dev/; its CDI specs need CDI on
         dra.driver_root(dev.parent, var_lib / NODE_FILES / "mock-nvml.yaml")
-    runtime = node_runtime.locate()         # built before the nodes start (:func:`start`): found here
     (etc / "cni" / "10-gpuproof.conflist").write_text(json.dumps(network.cni_config(n)))
     config = containerd.containerd_config(etc / "cni", images.PAUSE, runtime,
                                           **(dra.containerd_settings() if n.dra else {}))

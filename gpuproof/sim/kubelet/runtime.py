@@ -76,9 +76,19 @@ class NodeRuntime:
                                                         os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])}
 
 
+# part -> (module, ldflags, env): what each part's cache folder is built and keyed with
+_PARTS = {"containerd": (CONTAINERD[0], CONTAINERD_LDFLAGS, CONTAINERD_ENV),
+          "runc": (RUNTIME_MODULE, RUNC_LDFLAGS, RUNC_ENV),
+          "cni": (RUNTIME_MODULE, CNI_LDFLAGS, CNI_ENV)}
+
+
+def _build(part: str, packages: dict[str, str], progress: Progress) -> Path:
+    module, ldflags, env = _PARTS[part]
+    return _binaries.go_build(module, packages, ldflags=ldflags, env=env, progress=progress)
+
+
 def containerd_dir(progress: Progress = _quiet) -> Path:
-    folder = _binaries.go_build(CONTAINERD[0], dict([CONTAINERD_MULTICALL, CONTAINERD_SHIM]),
-                                ldflags=CONTAINERD_LDFLAGS, env=CONTAINERD_ENV, progress=progress)
+    folder = _build("containerd", dict([CONTAINERD_MULTICALL, CONTAINERD_SHIM]), progress)
     for name in CONTAINERD_SERVES:
         link = folder / name
         if not link.exists():
@@ -90,13 +100,11 @@ def containerd_dir(progress: Progress = _quiet) -> Path:
 
 
 def runc_dir(progress: Progress = _quiet) -> Path:
-    return _binaries.go_build(RUNTIME_MODULE, {RUNC[0]: RUNC[1]}, ldflags=RUNC_LDFLAGS, env=RUNC_ENV,
-                              progress=progress)
+    return _build("runc", {RUNC[0]: RUNC[1]}, progress)
 
 
 def cni_dir(progress: Progress = _quiet) -> Path:
-    return _binaries.go_build(RUNTIME_MODULE, {n: f"{CNI_MODULE}/{p}" for n, p in CNI_PLUGINS.items()},
-                              ldflags=CNI_LDFLAGS, env=CNI_ENV, progress=progress)
+    return _build("cni", {n: f"{CNI_MODULE}/{p}" for n, p in CNI_PLUGINS.items()}, progress)
 
 
 def locate(progress: Progress = _quiet) -> NodeRuntime:
@@ -105,8 +113,5 @@ def locate(progress: Progress = _quiet) -> NodeRuntime:
 
 
 def folders() -> dict[str, Path]:
-    """Where each part lives in the cache (what :func:`locate` computes, without building)."""
-    settings = {"containerd": (CONTAINERD[0], CONTAINERD_LDFLAGS, CONTAINERD_ENV),
-                "runc": (RUNTIME_MODULE, RUNC_LDFLAGS, RUNC_ENV), "cni": (RUNTIME_MODULE, CNI_LDFLAGS, CNI_ENV)}
-    return {k: _binaries.module_cache(m, ld, *(f"{a}={b}" for a, b in sorted(env.items())))
-            for k, (m, ld, env) in settings.items()}
+    """Where each part lives in the cache (what :func:`locate` finds, without building)."""
+    return {part: _binaries.build_folder(module, ldflags, env) for part, (module, ldflags, env) in _PARTS.items()}

@@ -49,12 +49,12 @@ def _quiet(msg: str) -> None:
 def runtime_binaries(progress: Progress = _quiet) -> Path:
     """The folder holding ``nvidia-container-runtime`` and ``nvidia-cdi-hook`` (v1.19.0), built on first use."""
     from .. import binaries as _binaries
-    from .dra import TOOLKIT_VERSION, cdi_hook
+    from .dra import TOOLKIT_LDFLAGS, cdi_hook
 
     hook = cdi_hook(progress)                  # the same module, ldflags and cache folder
     module, path = RUNTIME
     folder = _binaries.go_build(module, {"nvidia-container-runtime": f"{path}/cmd/nvidia-container-runtime"},
-                                ldflags=f"-s -w -X {path}/internal/info.version={TOOLKIT_VERSION}", progress=progress)
+                                ldflags=TOOLKIT_LDFLAGS, progress=progress)
     assert hook.parent == folder, (hook, folder)
     return folder
 
