@@ -102,6 +102,7 @@ class Exporters:
     daemonsets: list
     on_node: dict           # node name -> [Exporter], Ready ones first
     reads: dict = dataclasses.field(default_factory=dict)     # node name -> its /metrics, read once for its tests
+    findings: dict = dataclasses.field(default_factory=dict)  # node name -> its output judged, once for its tests
 
     def describe(self) -> str:
         return ", ".join(f"{d.metadata.namespace}/{d.metadata.name} (desired {d.status.desired_number_scheduled}, "
@@ -202,6 +203,14 @@ def exporter_read(request, node, target, exporters: Exporters) -> dict:
     return exporters.reads[node.name]
 
 
+def findings_of(node, text: str, pod, exporters: Exporters) -> list:
+    """Every finding on the node's exporter output (gpuproof/discovery/monitoring.py), judged once for all the
+    node's tests."""
+    if node.name not in exporters.findings:
+        exporters.findings[node.name] = monitoring.judge(facts_of(node), text, exporter_pod=pod.metadata.name)
+    return exporters.findings[node.name]
+
+
 def judged(request, node, target, exporters: Exporters) -> list:
     """Every finding on the node's exporter output (gpuproof/discovery/monitoring.py), for a test that judges part
     of it; a skip, with no record, where there is nothing to judge: MetricsEndpointReachable records why."""
@@ -211,7 +220,7 @@ def judged(request, node, target, exporters: Exporters) -> list:
     result = exporter_read(request, node, target, exporters)
     if "text" not in result:
         pytest.skip(f"{node.name}: the exporter's /metrics could not be read (dcgm-metrics-read): {result['error']}")
-    findings = monitoring.judge(facts_of(node), result["text"], exporter_pod=mine[0].pod.metadata.name)
+    findings = findings_of(node, result["text"], mine[0].pod, exporters)
     if any(f.check == "dcgm-metrics-parse" and f.verdict == "fail" for f in findings):
         pytest.skip(f"{node.name}: the exporter's /metrics is not the Prometheus text format (dcgm-metrics-parse)")
     return findings
@@ -250,8 +259,7 @@ class TestAcceleratorPerformanceMetrics:
         check.record("dcgm-exporter-version", "pass", "",
                      f"image {found.image}; names {info.get('names')}; host label {info.get('host_label')}; "
                      f"{info.get('releases')}; driver {info.get('driver') or '?'}")
-        record(check, monitoring.judge(facts_of(node), text, exporter_pod=found.pod.metadata.name),
-               ("dcgm-metrics-parse",))
+        record(check, findings_of(node, text, found.pod, exporters), ("dcgm-metrics-parse",))
 
     def test_PerAcceleratorUtilizationMetric(self, needs_real_gpus, gpu_node, target, exporters, request, check):
         """Every GPU of the node has a utilization series (MIG GPUs: a profiling series per instance)."""
