@@ -8,7 +8,8 @@ import pytest
 
 from gpuproof.cluster.churn import ForeignPods
 from gpuproof.cluster.conditions import wait_for
-from gpuproof.plugin.checks import free_on, one_device, pod, pod_outcome, pod_settled, tolerations_for, used_on
+from gpuproof.plugin.checks import (free_on, name_on, one_device, pod, pod_outcome, pod_settled, tolerations_for,
+                                    used_on)
 
 placed_or_refused = pod_settled.named("to be placed or refused by the scheduler")
 
@@ -38,7 +39,7 @@ def test_pod_without_toleration_is_kept_off(gpu_pool, scratch, run, target, chec
     node = _first_tainted(gpu_pool)
     if node is None:
         check.skip("untolerating-pod-kept-off", f"pool {gpu_pool.name} has no node with a NoSchedule taint")
-    name = f"no-toleration-{node.name}"[:63]
+    name = name_on(node.name, "no-toleration")
     scratch.create(pod(name, node=node.name))
     p = wait_for(run, name, placed_or_refused, target.timeouts.pod_placed)
     outcome = pod_outcome(p)
@@ -56,7 +57,7 @@ def test_tolerating_gpu_pod_lands(gpu_pool, scratch, run, target, check):
     (resource, _), = one_device(node).items()
     if free_on(target.cluster, node, resource) < 1 and used_on(target.cluster, node.name, resource) > 0:
         check.skip("tolerating-gpu-pod-lands", f"{node.name} has no free {resource}: other pods hold them all")
-    name = f"tolerating-{node.name}"[:63]
+    name = name_on(node.name, "tolerating")
     scratch.create(pod(name, one_device(node), node=node.name, tolerations=tolerations_for(node)))
     p = wait_for(run, name, placed_or_refused, target.timeouts.pod_placed)
     check.equal("tolerating-gpu-pod-lands", f"running on {node.name}", pod_outcome(p),

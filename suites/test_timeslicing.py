@@ -13,8 +13,8 @@ from gpuproof.cluster.conditions import wait_for
 from gpuproof.discovery.nodes import GPU_SHARED
 from gpuproof.plugin.checks import for_nodes
 from gpuproof.plugin.fanout import NodeSkip
-from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, pod, pod_outcome, pod_settled, probe_on, settled,
-                                    shared_gpu_check, used_on)
+from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, name_on, pod, pod_outcome, pod_settled, probe_on,
+                                    settled, shared_gpu_check, used_on)
 
 FEATURE = "timeslicing"
 pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
@@ -41,8 +41,8 @@ def test_shared_capacity_and_product(gpu_node, check):
 
 @pytest.mark.places_pods
 @for_nodes(time_sliced)
-@pytest.mark.creates("Pod", "share-<i>", "{free}", requests="1 {resource}", note="one per free slot, at most 64")
-@pytest.mark.creates("Pod", "share-extra", requests="1 {resource}", note="one more: stays Pending")
+@pytest.mark.creates("Pod", "share-{node}-<i>", "{free}", requests="1 {resource}", note="one per free slot, at most 64")
+@pytest.mark.creates("Pod", "share-extra-{node}", requests="1 {resource}", note="one more: stays Pending")
 def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
     resource = node.gpu_resource
@@ -51,7 +51,7 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
     slots = (node.count_label or 0) * node.replicas - used_on(target.cluster, node.name, resource)
     if not 1 <= slots <= MAX_PODS:
         check.skip("co-running", f"{node.name} has {slots} free {resource} (checked for 1-{MAX_PODS})")
-    names = [f"share-{i}" for i in range(slots)]
+    names = [name_on(node.name, "share", i) for i in range(slots)]      # names of its own: checks.name_on
     peak = {"running": 0}
 
     filled = fill_done(names, settled)
@@ -71,8 +71,9 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
     check.equal("co-running-peak", slots, peak["running"], target=node.name,
                 what=f"one-{resource} pods Running on the node at the same moment "
                      f"(gpu.count={node.count_label} x replicas={node.replicas})", churn=churn)
-    scratch.create(pod("share-extra", {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
-    extra = wait_for(run, "share-extra", pod_settled, target.timeouts.pod_placed)
+    extra_name = name_on(node.name, "share-extra")
+    scratch.create(pod(extra_name, {resource: 1}, node=node.name, tolerations=TOLERATE_ALL))
+    extra = wait_for(run, extra_name, pod_settled, target.timeouts.pod_placed)
     check.true("one-more-waits", pod_outcome(extra).startswith("unschedulable"),
                expected=f"Pending: Insufficient {resource}", actual=pod_outcome(extra),
                what=f"pod {slots + 1} on a node with {slots} shared slots", target=node.name, churn=churn)
@@ -80,7 +81,7 @@ def test_replicas_co_run_and_one_more_waits(gpu_pool, run, scratch, target, chec
 
 @pytest.mark.places_pods
 @for_nodes(time_sliced)
-@pytest.mark.creates("Pod", "share-two", requests="2 {resource}")
+@pytest.mark.creates("Pod", "share-two-{node}", requests="2 {resource}")
 def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     node = gpu_pool.nodes[0]
     refused = target.shared_requests_refused(node)
@@ -91,8 +92,9 @@ def test_request_for_two_shared_gpus(gpu_pool, run, scratch, target, check):
     churn = ForeignPods(target.cluster, run.run_id, [node.name])
     if free_on(target.cluster, node, resource) < 2:
         check.skip("shared-request-gt1", f"{node.name} has fewer than 2 free {resource}")
-    scratch.create(pod("share-two", {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
-    p = wait_for(run, "share-two", pod_settled.named("to run or be refused"), target.timeouts.pod_placed)
+    name = name_on(node.name, "share-two")
+    scratch.create(pod(name, {resource: 2}, node=node.name, tolerations=TOLERATE_ALL))
+    p = wait_for(run, name, pod_settled.named("to run or be refused"), target.timeouts.pod_placed)
     outcome = pod_outcome(p)
     if refused:
         check.true("shared-request-gt1-refused", outcome.startswith("failed: UnexpectedAdmissionError"),

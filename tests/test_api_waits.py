@@ -324,3 +324,26 @@ def test_a_wait_the_api_server_broke_off_that_then_times_out_judges_nothing():
                                              r"ended prematurely\): what it waited for may have been lost") as err:
         watch_until(list_pods, lambda c: c["p"]["phase"] == "Running", 1, "pod p")
     assert not isinstance(err.value, ApiGone)
+
+
+def test_a_wait_on_an_object_deleted_meanwhile_says_so(monkeypatch):
+    """'not found' at a wait's deadline tells deleted-by-someone (and when) from never made: the watch saw it go."""
+    from gpuproof.cluster import api
+
+    class Watch:
+        def stream(self, list_fn, **kwargs):
+            yield {"type": "DELETED", "object": {"metadata": {"name": "p", "resourceVersion": "8"}}}
+            time.sleep(kwargs["timeout_seconds"])
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(api.watch, "Watch", Watch)
+
+    def list_pods(**kwargs):
+        return {"metadata": {"resourceVersion": "7"}, "items": [{"metadata": {"name": "p"}, "phase": "Pending"}]}
+
+    with pytest.raises(WaitTimeout, match=r"^timed out after 1s waiting for pod p \(last seen: pod not found; "
+                                          r"deleted during this wait: p at 0s\)$"):
+        watch_until(list_pods, lambda c: c.get("p", {}).get("phase") == "Running", 1, "pod p",
+                    describe=lambda c: "pod found" if "p" in c else "pod not found")

@@ -111,3 +111,14 @@ def test_mig_pods_seeing_no_device_or_a_whole_gpu_fail():
     assert not ok and actual == [0, 2] and f"whole GPUs visible too: mig-0: ['{GPU_A}']" in what
     none = mig_device_checks([pod("mig-0", []), pod("mig-1", [])])["mig-devices-distinct"]
     assert none[0] is False and "none reported" in none[3]
+
+
+def test_each_node_gets_pod_names_of_its_own():
+    """checks.name_on: a node's name in its pods' names, at most 63 characters, the index kept, no trailing '-'."""
+    from gpuproof.plugin.checks import name_on
+
+    assert name_on("l40s-ts-0", "share-two") == "share-two-l40s-ts-0"
+    assert name_on("l40s-ts-0", "share", 3) == "share-l40s-ts-0-3"
+    names = [name_on("gke-prod-a100-pool-" + "x" * 60, "share", i) for i in range(12)]
+    assert len(set(names)) == 12 and all(len(n) <= 63 and n.endswith(f"-{i}") for i, n in enumerate(names))
+    assert name_on("a" * 51 + "-" + "b" * 20, "tolerating") == "tolerating-" + "a" * 51     # cut at '-': dropped

@@ -37,6 +37,25 @@ def test_cpu_percent_refused_naming_the_field(backend, fault, field, words):
     assert field in str(err.value) and words in str(err.value)
 
 
+def test_the_nodes_weigh_as_machines_not_as_one_process(tmp_path, monkeypatch):
+    """The cluster's cpu group gets 1024 shares per core per node (cgroups.weigh): its nodes' pods are not squeezed
+    by the host's other processes down to the figures of the node held back on purpose."""
+    from gpuproof.sim.kubelet import cgroups
+    from gpuproof.sim.kubelet.layout import State
+
+    state = State(cluster="ab12", subnet=200, api_port=1, nodes=["a", "b", "c"])
+    group = tmp_path / "cpu" / state.cgroup
+    group.mkdir(parents=True)
+    (group / "cpu.shares").write_text("1024")
+    monkeypatch.setattr(cgroups, "CGROUP", tmp_path)
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 2)
+    assert cgroups.weigh(state, 3) == 6144 and (group / "cpu.shares").read_text() == "6144"
+    monkeypatch.setattr(cgroups.os, "cpu_count", lambda: 128)
+    assert cgroups.weigh(state, 3) == cgroups.SHARES_MAX              # the kernel's largest weight
+    monkeypatch.setattr(cgroups, "CGROUP", tmp_path / "none")
+    assert cgroups.weigh(state, 3) == 0                                # no cpu hierarchy: nothing to weigh
+
+
 SLOW_FLEET = {"name": "slow", "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
               "pools": [pool("kubelet", {"cpuPercent": 5})]}
 

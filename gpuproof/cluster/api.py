@@ -513,6 +513,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
     cache: dict[str, Any] = {}
     api_deadline = _api_deadline_of(list_fn)
     cut: list[str] = []         # how the API server broke off this wait (a restart): then its end judges nothing
+    deleted: dict[str, float] = {}  # objects deleted while this wait watched, and when (seconds into it)
 
     def relist() -> str:
         # a list is an idempotent read: an API server restarting (connection refused, reset) is asked again, with
@@ -553,6 +554,9 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             state = describe(cache) if describe else f"{len(cache)} objects seen"
+            gone = [f"{n} at {t:.0f}s" for n, t in deleted.items() if n not in cache]
+            if gone:          # "not found" then means deleted by someone, not never made
+                state += f"; deleted during this wait: {', '.join(gone[:5])}" + (" ..." if len(gone) > 5 else "")
             if cut:           # what it waited for may have been lost with the API server (a scheduler's update)
                 raise ApiUnreachable(f"timed out after {timeout:.0f}s waiting for {what} (last seen: {state}), "
                                      f"after the API server broke off the wait ({cut[0]}): what it waited for may "
@@ -579,6 +583,7 @@ def watch_until(list_fn: Callable, done: Callable[[dict], Any], timeout: float, 
                 name = meta["name"] if meta else obj.metadata.name
                 if ev["type"] == "DELETED":
                     cache.pop(name, None)
+                    deleted[name] = timeout - (deadline - time.monotonic())
                 else:
                     cache[name] = obj
                 result = done(cache)

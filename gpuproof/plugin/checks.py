@@ -170,6 +170,15 @@ def settled(pod) -> bool:
 pod_settled = PodCondition("to be placed or refused", lambda p: p is not None and settled(p))
 
 
+def name_on(node: str, prefix: str, index: int | None = None) -> str:
+    """A pod name that names its node, ``<prefix>-<node>[-<index>]``: at most 63 characters (the node's part is cut,
+    never the index), never ending in '-' or '.'. A test run once per node or pool gives each its own pod names: a
+    name the previous node's test used and deleted may still be reached by work kwok queued for that pod, which
+    kwok does by name (its pod controller's deletes and patches carry no UID): a CI run's ``share-two`` vanished so."""
+    tail = f"-{index}" if index is not None else ""
+    return f"{prefix}-{node}"[:63 - len(tail)].rstrip("-.") + tail
+
+
 def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe",
              lane=None) -> list[dict]:
     """Run ``count`` probe pods (workloads/probe.py) pinned to ``node`` at once; return their JSON results.
@@ -181,7 +190,7 @@ def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple =
     from .bench_checks import image
 
     ensure_configmap(run)                       # once per run
-    names = [f"{prefix}-{node.name}-{i}"[:63] for i in range(count)]
+    names = [name_on(node.name, prefix, i) for i in range(count)]
     (resource, amount), = limits.items()
     labels = {**run.labels, **(lane.labels if lane is not None else {})}
     if lane is None:

@@ -10,7 +10,7 @@ discovery reading the target cluster, and lists per check:
   picks from the cluster as it is now;
 - the objects it creates, as its suite declares them with the ``creates`` marker::
 
-      @pytest.mark.creates("Pod", "share-<i>", "{free}", on="first", requests="1 {resource}")
+      @pytest.mark.creates("Pod", "share-{node}-<i>", "{free}", on="first", requests="1 {resource}")
       @pytest.mark.creates("PriorityClass", "gpuproof-{run}-low", value=LOW)
       @pytest.mark.creates(benchmark="matmul")          # the benchmark's own manifests, per product
 

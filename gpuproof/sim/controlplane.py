@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -71,13 +72,48 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# lock files of the base ports chosen by find_free_base, one per base, shared by every process of the machine
+PORT_LOCKS = Path("/tmp/gpuproof-ports")
+_held_bases: dict[int, int] = {}       # base port -> the open lock file this process holds it by, until it exits
+
+
+def _reserve(base: int) -> bool:
+    """Hold ``base``'s lock file (an flock, let go when this process exits). Seconds pass between choosing a base and
+    etcd binding its ports: two sessions choosing then found the same ports free and the later etcd could not bind
+    (a CI run: "bind: address already in use"). False when another process, or this one, holds it already."""
+    try:
+        PORT_LOCKS.mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):
+            PORT_LOCKS.chmod(0o1777)                # any user's sessions share the folder
+        fd = os.open(PORT_LOCKS / f"{base}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return True                                 # no lock folder: the ports alone decide, as before
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _held_bases[base] = fd
+    return True
+
+
+def _release(base: int) -> None:
+    fd = _held_bases.pop(base, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def find_free_base(start: int = 20000, stop: int = 30000, step: int = 10) -> int:
-    """A base port whose six ports are all free (for private clusters in tests)."""
+    """A base port whose six ports are all free and that no other session has chosen (for private clusters in
+    tests, ``--sim-port auto``): its lock file (:func:`_reserve`) is held until this process exits."""
     pid_offset = (os.getpid() % 500) * step       # parallel test sessions start in different places
     for i in range(0, stop - start, step):
         base = start + (pid_offset + i) % (stop - start)
+        if not _reserve(base):
+            continue
         if all(port_free(base + off) for off in PORTS.values()):
             return base
+        _release(base)
     raise ControlPlaneError(f"no six free ports found on 127.0.0.1 between {start} and {stop}")
 
 

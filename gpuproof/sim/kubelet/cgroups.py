@@ -38,6 +38,23 @@ def make(state: State, sub: str) -> None:
                         (path / f).write_text((parent / f).read_text())
 
 
+SHARES_MAX = 262144                     # cgroup v1's largest cpu.shares
+
+
+def weigh(state: State, nodes: int) -> int:
+    """Give the cluster's group, in the cpu hierarchy, the CPU weight of ``nodes`` machines of this host's cores
+    (1024 shares per core per node). A node stands for a machine of its own: left at the default weight, all the
+    nodes together weighed as one busy process of the host, and its other processes (a CI's test workers) squeezed
+    every node's pods to a sliver, close to a node held back on purpose (tests/test_slow_node.py). Returns the
+    shares written (0 where there is no cpu hierarchy)."""
+    path = CGROUP / "cpu" / state.cgroup / "cpu.shares"
+    if not path.exists():
+        return 0
+    shares = min(SHARES_MAX, 1024 * max(1, nodes) * (os.cpu_count() or 1))
+    path.write_text(str(shares))
+    return shares
+
+
 def join(state: State, sub: str) -> Callable[[], None]:
     """A preexec function that moves the child into the node's group in every hierarchy."""
     procs = [d / "cgroup.procs" for d in dirs(state, sub)]

@@ -65,6 +65,8 @@ def start(sim_dir: Path, api_port: int, nodes: list[Node], gpu_files: dict[str, 
     try:
         progress(f"kubelet nodes: network for {len(nodes)} node(s) on bridge {state.bridge} ({state.gateway}/24)")
         network.up(state, nodes)
+        cgroups.make(state, "")
+        cgroups.weigh(state, len(nodes))
         for n in nodes:
             nvidia = (devices or {}).get(n.name) or tuple(
                 (f"nvidia{i}", os.makedev(NVIDIA_MAJOR, i)) for i in range((gpus or {}).get(n.name, 0)))
