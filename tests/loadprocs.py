@@ -28,6 +28,7 @@ def loadgen_child(code: str, *args) -> object:
 def start_process(script, tmp_path, *args):
     """A workload server on 127.0.0.1 and a free port (its --port-file); returns (url, process)."""
     port_file = tmp_path / f"{script}.port"
+    port_file.unlink(missing_ok=True)           # an earlier server's, in the same folder
     proc = subprocess.Popen([sys.executable, str(WORKLOADS_DIR / script), "--host", "127.0.0.1", "--port", "0",
                              "--port-file", str(port_file), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)

@@ -226,19 +226,26 @@ def test_capacity_search_finds_a_known_service_rate(tmp_path):
     16, where the stub completes 10 per second and the rest pile up; the next probe is just below
     what 16 completed, and the capacity is a rate the stub sustains (its pace window allows 2 answers either way
     over 2 s: up to 1 req/s above the service rate can pass unseen)."""
-    url, proc = start_process("loadstub.py", tmp_path, "--ttft-ms", "50", "--token-gap-ms", "5",
-                              "--service-rps", "10")
-    try:
-        r = loadgen(url, "--rates", "2:64", "--step-s", "4", "--drain-s", "30", "--input-tokens", "16",
-                    "--output-tokens", "8", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000", "--users", "64",
-                    "--metrics-path", "")
-    finally:
-        stop_process(proc)
-    steps = r["steps"]
+    for attempt in (1, 2):
+        url, proc = start_process("loadstub.py", tmp_path, "--ttft-ms", "50", "--token-gap-ms", "5",
+                                  "--service-rps", "10")
+        try:
+            r = loadgen(url, "--rates", "2:64", "--step-s", "4", "--drain-s", "30", "--input-tokens", "16",
+                        "--output-tokens", "8", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000", "--users", "64",
+                        "--metrics-path", "")
+        finally:
+            stop_process(proc)
+        steps = r["steps"]
+        # the one outcome that says nothing of the search: the machine's other work held the load generator back
+        # (a CI run: its sends ran late at 16 req/s, and it rightly called the step client-bound); measured again
+        if attempt == 1 and len(steps) > 3 and not steps[3]["valid"] and steps[3].get("bound_by") == "client":
+            continue
+        break
     assert all(STEP_KEYS <= set(s) for s in steps)
     assert [s["offered_rps"] for s in steps[:4]] == [2.0, 4.0, 8.0, 16.0]
     over = steps[3]
-    assert over["keeps_pace"] is False and not over["slo_met"] and over["valid"], over["fail_reasons"]
+    assert over["keeps_pace"] is False and not over["slo_met"] and over["valid"], \
+        (over["fail_reasons"], over.get("invalid_reason"), over.get("bound_reason"))
     # the queue starts its n answers at least (n - 1) / 10 s apart
     assert over["served_rps"] <= 10.0 * over["ok"] / (over["ok"] - 1)
     assert over["completion_rps"] <= 10.0 + 2 / over["pace_window_s"]

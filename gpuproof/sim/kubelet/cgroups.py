@@ -42,15 +42,16 @@ SHARES_MAX = 262144                     # cgroup v1's largest cpu.shares
 
 
 def weigh(state: State, nodes: int) -> int:
-    """Give the cluster's group, in the cpu hierarchy, the CPU weight of ``nodes`` machines of this host's cores
-    (1024 shares per core per node). A node stands for a machine of its own: left at the default weight, all the
-    nodes together weighed as one busy process of the host, and its other processes (a CI's test workers) squeezed
-    every node's pods to a sliver, close to a node held back on purpose (tests/test_slow_node.py). Returns the
-    shares written (0 where there is no cpu hierarchy)."""
+    """Give the cluster's group, in the cpu hierarchy, the CPU weight of one busy process of the host per node (1024
+    shares per node). Left at the default, all the nodes together weighed as one process, and the host's other work
+    (a CI's test workers, Go builds) squeezed every node's pods towards a node held back on purpose
+    (tests/test_slow_node.py). More than a process per node would starve the host's own processes in turn (a load
+    generator's sends then ran late: tests/test_workloads_inference.py). Returns the shares written (0 where there is
+    no cpu hierarchy)."""
     path = CGROUP / "cpu" / state.cgroup / "cpu.shares"
     if not path.exists():
         return 0
-    shares = min(SHARES_MAX, 1024 * max(1, nodes) * (os.cpu_count() or 1))
+    shares = min(SHARES_MAX, 1024 * max(1, nodes))
     path.write_text(str(shares))
     return shares
 
