@@ -25,7 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--gpuproof-fleet", "--fleet", dest="fleet", default=None,
                 help="fleet file (or shipped fleet name) for the embedded cluster; default: mixed")
     g.addoption("--gpuproof-sim-port", "--sim-port", dest="sim_port", default="auto",
-                help="base port of the embedded cluster (uses 6 ports from it); default: auto")
+                help="base port of the embedded cluster (uses 6 ports from it); default: auto (six free ports no "
+                     "other session on this machine has chosen)")
     g.addoption("--gpuproof-report-dir", "--report-dir", dest="report_dir",
                 default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
                 help="folder that gets one sub-folder per run (default: reports)")
