@@ -35,7 +35,7 @@ import pytest
 
 from gpuproof.bench import get
 from gpuproof.bench.workloads import WORKLOADS_DIR, import_workload
-from loadprocs import start_process, stop_process
+from loadprocs import ahead, start_process, stop_process
 
 # torch at collection: its first import runs ldconfig, a process the unit tier's guard refuses inside a unit test
 # (the model's tests below failed so when this file ran alone)
@@ -110,10 +110,10 @@ def wait_idle(url):
     wait_until(idle, 60, f"{url} to have no request in flight")
 
 
-def loadgen(url, *args, timeout=150):
+def loadgen(url, *args, timeout=150, nice=0):
     t0 = time.monotonic()
     lg = subprocess.run([sys.executable, str(WORKLOADS_DIR / "loadgen.py"), "--url", url, *map(str, args)],
-                        capture_output=True, text=True, timeout=timeout, env=ENV)
+                        capture_output=True, text=True, timeout=timeout, env=ENV, preexec_fn=ahead(nice))
     assert lg.returncode == 0, lg.stderr[-3000:]
     r = last_json(lg.stdout)
     r["_wall_s"] = time.monotonic() - t0
@@ -226,19 +226,24 @@ def test_capacity_search_finds_a_known_service_rate(tmp_path):
     16, where the stub completes 10 per second and the rest pile up; the next probe is just below
     what 16 completed, and the capacity is a rate the stub sustains (its pace window allows 2 answers either way
     over 2 s: up to 1 req/s above the service rate can pass unseen)."""
+    # the stub and the load generator run ahead of the machine's other work where the test may (root): two CI runs
+    # that started it beside four workers' clusters held its sends back, and the load generator rightly called a
+    # step client-bound (at 16 req/s, then at 4), which says nothing of the search. A ramp with such a step is
+    # measured once more, saying why.
     for attempt in (1, 2):
         url, proc = start_process("loadstub.py", tmp_path, "--ttft-ms", "50", "--token-gap-ms", "5",
-                                  "--service-rps", "10")
+                                  "--service-rps", "10", nice=-10)
         try:
             r = loadgen(url, "--rates", "2:64", "--step-s", "4", "--drain-s", "30", "--input-tokens", "16",
                         "--output-tokens", "8", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000", "--users", "64",
-                        "--metrics-path", "")
+                        "--metrics-path", "", nice=-10)
         finally:
             stop_process(proc)
         steps = r["steps"]
-        # the one outcome that says nothing of the search: the machine's other work held the load generator back
-        # (a CI run: its sends ran late at 16 req/s, and it rightly called the step client-bound); measured again
-        if attempt == 1 and len(steps) > 3 and not steps[3]["valid"] and steps[3].get("bound_by") == "client":
+        held = [s for s in steps[:4] if not s["valid"] and s.get("bound_by") == "client"]
+        if attempt == 1 and held:
+            print(f"the ramp's step at {held[0]['offered_rps']:g} req/s was client-bound "
+                  f"({held[0]['invalid_reason']}): measuring again")
             continue
         break
     assert all(STEP_KEYS <= set(s) for s in steps)
