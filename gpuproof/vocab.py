@@ -1,4 +1,5 @@
-"""Words the embedded cluster writes and the reader of clusters reads: resource names, label keys, annotations.
+"""Words the embedded cluster writes and the reader of clusters reads: resource names, label keys, annotations,
+and the names of gpuproof's pods on a node (:func:`name_on`: the replay nodes serve their logs by those names).
 
 A base module: it imports nothing, and the simulator (``sim/``) and the reader of clusters (``discovery/``) both
 import it instead of each other.
@@ -56,3 +57,12 @@ SIM_DRA_LABEL = "gpuproof.dev/sim-dra"           # on objects the embedded clust
 ARCHITECTURES = {"kepler": "Kepler", "maxwell": "Maxwell", "pascal": "Pascal", "volta": "Volta",
                  "turing": "Turing", "ampere": "Ampere", "ada-lovelace": "Ada Lovelace", "hopper": "Hopper",
                  "blackwell": "Blackwell"}
+
+
+def name_on(node: str, prefix: str, index: int | None = None) -> str:
+    """A pod name that names its node, ``<prefix>-<node>[-<index>]``: at most 63 characters (the node's part is cut,
+    never the index), never ending in '-' or '.'. A test run once per node or pool gives each its own pod names: a
+    name the previous node's test used and deleted may still be reached by work kwok queued for that pod, which
+    kwok does by name (its pod controller's deletes and patches carry no UID): a CI run's ``share-two`` vanished so."""
+    tail = f"-{index}" if index is not None else ""
+    return f"{prefix}-{node}"[:63 - len(tail)].rstrip("-.") + tail

@@ -29,7 +29,7 @@ import pytest
 
 from gpuproof.cluster.conditions import pod_scheduled, wait_claims_gone, wait_for
 from gpuproof.discovery import access, dra
-from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, free_on
+from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, free_on, name_on
 from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "access"
@@ -69,7 +69,7 @@ def manifest(run, node, test: str, labels: dict) -> dict:
     from gpuproof.plugin.bench_checks import image
 
     prefix, containers = PODS[test]
-    name = f"{prefix}-{node.name}"[:63].rstrip("-")
+    name = name_on(node.name, prefix)
     r = resource(node)
     pod = None
     for cname, granted, env in containers:

@@ -27,7 +27,7 @@ import pytest
 
 from gpuproof.cluster.conditions import wait_claims_gone
 from gpuproof.discovery import dra, driver
-from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, probe_on
+from gpuproof.plugin.checks import TOLERATE_ALL, for_nodes, name_on, probe_on
 from gpuproof.plugin.fanout import NodeSkip
 
 FEATURE = "driver"
@@ -52,7 +52,7 @@ def _claim_probe(run, target, node, lane) -> dict:
     _, err = run.try_apply(dra.claim_template("driver-probe-one", [dra.request("gpu", dra.GPU_CLASS, 1)]))
     if err is not None and getattr(err, "status", None) != 409:       # one template for every DRA node
         raise err
-    name = f"driver-probe-{node.name}"[:63]
+    name = name_on(node.name, "driver-probe")
     manifest = workloads.workload_pod(name, "probe.py", labels={**run.labels, **lane.labels}, namespace=run.namespace,
                                       gpus=0, node=node.name, image=image(run))
     manifest["spec"]["tolerations"] = TOLERATE_ALL     # gpus=0 adds no GPU toleration: the GPU comes by the claim

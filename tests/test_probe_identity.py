@@ -114,7 +114,8 @@ def test_mig_pods_seeing_no_device_or_a_whole_gpu_fail():
 
 
 def test_each_node_gets_pod_names_of_its_own():
-    """checks.name_on: a node's name in its pods' names, at most 63 characters, the index kept, no trailing '-'."""
+    """vocab.name_on (checks.name_on for the suites): a node's name in its pods' names, at most 63 characters, the
+    index kept, no trailing '-'."""
     from gpuproof.plugin.checks import name_on
 
     assert name_on("l40s-ts-0", "share-two") == "share-two-l40s-ts-0"

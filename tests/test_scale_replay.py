@@ -29,12 +29,14 @@ FLEET = {"name": "replay20", "defaults": {"taints": ["nvidia.com/gpu=present:NoS
 def test_pod_names_are_gpuproofs():
     """The simulator names the pods it serves logs for by gpuproof's own rules (it may not import them)."""
     from gpuproof.bench.base import pod_name
+    from gpuproof.plugin.checks import name_on
 
     for node in ("h100-0", "a-node-with-a-rather-long-name-that-runs-past-fifty-chars-7"):
         names = replay.pod_names(node)
         assert names["health"] == pod_name("health", node) and names["census"] == pod_name("census", node)
-        assert names["probe"] == f"nvlink-probe-{node}-0"[:63]         # gpuproof.plugin.checks.probe_on
-        assert names["driver"] == f"driver-probe-{node}-0"[:63]        # suites/test_driver.py's probe_on prefix
+        assert names["probe"] == name_on(node, "nvlink-probe", 0)      # gpuproof.plugin.checks.probe_on's rule
+        assert names["driver"] == name_on(node, "driver-probe", 0)     # suites/test_driver.py's probe_on prefix
+        assert len(names["probe"]) <= 63 and names["probe"].endswith("-0")
 
 
 def test_mock_uuids_are_the_mock_configs():

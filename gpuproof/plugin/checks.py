@@ -12,6 +12,7 @@ from ..cluster.conditions import PodCondition, pod_done, pod_gone, wait_all, wai
 from ..cluster.placement import pin_to, place, pod_manifest, tolerate  # noqa: F401  (pin_to: the suites' name for it)
 from ..discovery.nodes import GpuNode
 from ..images import PAUSE_IMAGE
+from ..vocab import name_on  # noqa: F401  (the suites' name for it)
 
 TOLERATE_ALL = [{"operator": "Exists"}]
 
@@ -168,15 +169,6 @@ def settled(pod) -> bool:
 
 # the named wait on it: wait_for(run, name, pod_settled, target.timeouts.pod_placed)
 pod_settled = PodCondition("to be placed or refused", lambda p: p is not None and settled(p))
-
-
-def name_on(node: str, prefix: str, index: int | None = None) -> str:
-    """A pod name that names its node, ``<prefix>-<node>[-<index>]``: at most 63 characters (the node's part is cut,
-    never the index), never ending in '-' or '.'. A test run once per node or pool gives each its own pod names: a
-    name the previous node's test used and deleted may still be reached by work kwok queued for that pod, which
-    kwok does by name (its pod controller's deletes and patches carry no UID): a CI run's ``share-two`` vanished so."""
-    tail = f"-{index}" if index is not None else ""
-    return f"{prefix}-{node}"[:63 - len(tail)].rstrip("-.") + tail
 
 
 def probe_on(run, target, node: GpuNode, count: int, limits: dict, args: tuple = (), prefix: str = "probe",

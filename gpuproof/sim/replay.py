@@ -30,6 +30,7 @@ import json
 import re
 from pathlib import Path
 
+from ..vocab import name_on
 from .fleet import REPLAY_NODE_LABEL
 
 RECORDINGS = Path(__file__).parent / "recordings"
@@ -42,13 +43,13 @@ PROBE_GPUS = 2                   # the topology check's probe asks for 2 GPUs (g
 def pod_names(node: str) -> dict[str, str]:
     """workload -> the name of gpuproof's pod of it on ``node``: gpuproof.bench.base.pod_name(bench, node) for the
     node benchmarks, ``nvlink-probe-<node>-0`` for the topology probe and ``driver-probe-<node>-0`` for the driver
-    suite's (gpuproof.plugin.checks.probe_on); the simulator cannot import those layers, tests/test_scale_replay.py
-    holds the rules equal."""
+    suite's (gpuproof.plugin.checks.probe_on: both by vocab.name_on); the simulator cannot import those layers,
+    tests/test_scale_replay.py holds the benchmarks' rule equal."""
     slug = re.sub(r"[^a-z0-9]+", "-", node.lower()).strip("-")
     return {"health": f"bench-health-{slug}"[:50].rstrip("-"),
             "census": f"bench-census-{slug}"[:50].rstrip("-"),
-            "probe": f"nvlink-probe-{node}-0"[:63],
-            "driver": f"driver-probe-{node}-0"[:63]}
+            "probe": name_on(node, "nvlink-probe", 0),
+            "driver": name_on(node, "driver-probe", 0)}
 
 
 def mock_uuids(seed: str, count: int) -> list[str]:
