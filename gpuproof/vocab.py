@@ -66,3 +66,45 @@ def name_on(node: str, prefix: str, index: int | None = None) -> str:
     kwok does by name (its pod controller's deletes and patches carry no UID): a CI run's ``share-two`` vanished so."""
     tail = f"-{index}" if index is not None else ""
     return f"{prefix}-{node}"[:63 - len(tail)].rstrip("-.") + tail
+
+
+def fabric_job(nodes, again: bool = False) -> str:
+    """The name of the fabric suite's job over ``nodes`` (its Service; its pods add ``-<i>``, i the node's place in
+    ``nodes``): ``fab-<10 hex of the sorted node names>``, ``-again`` for a pair measured again with a known-good node
+    and ``fab-ring-...`` for three nodes or more. Derived from the nodes alone, so replay nodes can serve a recording
+    for the pod a pair will have (gpuproof.sim.replay)."""
+    import hashlib
+
+    digest = hashlib.sha1("|".join(sorted(nodes)).encode()).hexdigest()[:10]
+    return ("fab-ring-" if len(nodes) > 2 else "fab-") + digest + ("-again" if again else "")
+
+
+# ------------------------------------------------------------------ the fabric suite's pair schedule
+# (gpuproof.bench.fabric_plan re-exports these; the replay nodes write the logs of the pairs it will measure)
+
+
+def circle_rounds(nodes: list[str], limit: int | None = None) -> list[list[tuple[str, str]]]:
+    """Every round of the circle method: n-1 rounds (n even; n rounds with a bye when odd), each pairing every node at
+    most once, every pair exactly once over all rounds (each pair sorted). ``limit``: only the first rounds."""
+    ring = list(nodes) + ([None] if len(nodes) % 2 else [])
+    n = len(ring)
+    out = []
+    for _ in range(n - 1 if limit is None else min(n - 1, limit)):
+        pairs = [(ring[i], ring[n - 1 - i]) for i in range(n // 2)]
+        out.append([(min(p), max(p)) for p in pairs if None not in p])
+        ring = [ring[0], ring[-1], *ring[1:-1]]          # node 0 stays, the others turn one place
+    return [r for r in out if r]
+
+
+def default_rounds(count: int) -> int:
+    """Rounds that give every node two partners: 2 for an even count, 3 for an odd one (each node sits out once)."""
+    return 2 if count % 2 == 0 else 3
+
+
+def pair_rounds(nodes, every_pair: bool = False, rounds: int | None = None) -> list[list[tuple[str, str]]]:
+    """Rounds of disjoint pairs over ``nodes`` (sorted first, so a run's schedule is the same every time): by default
+    :func:`default_rounds`, ``rounds`` of them, or all (``every_pair``)."""
+    nodes = sorted(set(nodes))
+    if len(nodes) < 2:
+        return []
+    return circle_rounds(nodes, None if every_pair else max(1, rounds or default_rounds(len(nodes))))

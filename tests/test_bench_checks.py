@@ -20,11 +20,9 @@ PRODUCTS = {"NVIDIA-H100-80GB-HBM3": ["h100-1", "h100-0"], "NVIDIA-L4": ["l4-0"]
 OK = {"ok": True}
 NOT_OK = {"ok": False, "error": "rel_err 0.31 above tolerance 0.005 (bf16)"}
 RAISED = "h100-0: pod bench-matmul-h100 failed: ImagePullBackOff"
-STRAGGLING = {"ok": True, "nodes": [{"node": "h100-0", "straggler": False},
-                                    {"node": "h100-1", "straggler": True,
-                                     "straggler_reason": "busbw 120.0 GB/s is 52% of the median 231.0 (floor 80%)"}]}
 
-# case: (suite, its test function, what run_per_product (or run_multinode) gives,
+
+# case: (suite, its test function, what run_per_product gives,
 #        [(check, node, expected, actual)] that must fail)
 RUNS = {
     "matmul-result-not-ok": (
@@ -44,18 +42,11 @@ RUNS = {
         {"NVIDIA-H100-80GB-HBM3": {"ok": False, "error": "17 wrong elements"}},
         [("allreduce-result", "h100-0", bench_checks.RESULT_OK + " (no wrong element)",
           "result not ok: 17 wrong elements")]),
-    "allreduce-multinode-straggler": (
-        "bench_allreduce", "test_allreduce_multi_node_per_product", STRAGGLING,
-        [("allreduce-straggler", "h100-1", "bus bandwidth near its peers' median",
-          STRAGGLING["nodes"][1]["straggler_reason"])]),
     "inference-endpoint-refused": (
         "bench_inference", "test_inference_endpoint",
         {"load": {"steps": [], "error": "connect to http://vllm.ml:8000: connection refused"}},
         [("inference-endpoint-load-ran", "endpoint", "load steps against the endpoint",
           "connect to http://vllm.ml:8000: connection refused")]),
-    "allreduce-multinode-failed": (
-        "bench_allreduce", "test_allreduce_multi_node_per_product", RuntimeError("Job bench-ar-multi-h100: 1 failed"),
-        [("allreduce-multinode-result", "h100-0", bench_checks.RESULT_OK, "Job bench-ar-multi-h100: 1 failed")]),
 }
 
 
@@ -77,16 +68,6 @@ def run_suite(case, monkeypatch, tmp_path):
             def to_records(self, result, node, product):
                 return []
         monkeypatch.setattr(module, "get", lambda name: Endpoint())
-    if function == "test_allreduce_multi_node_per_product":
-        class Multi(type(get("allreduce"))):          # the real benchmark, its pods' outcome made up
-            def run_multinode(self, *a, **k):
-                if isinstance(given, Exception):
-                    raise given
-                return given
-
-            def to_records(self, result, node, product):
-                return []
-        monkeypatch.setattr(module, "get", lambda name: Multi())
     run_dir = RunDir.create(tmp_path, "bench")
     nodes = {n: SimpleNamespace(name=n, pool=n.rsplit("-", 1)[0], product=p) for p, ns in PRODUCTS.items() for n in ns}
     checker = Checker(run_dir, module.__name__.rsplit("_", 1)[-1], known_nodes=nodes)

@@ -101,25 +101,66 @@ def test_job_variant():
     assert_run_labels([job])
 
 
-def test_multinode_allreduce_indexed_job_and_headless_service():
-    svc, job = wl.allreduce_multinode("ar-multi", 4, 8, ["--max-bytes", "1G"], labels=LABELS, namespace=NS,
-                                      product="NVIDIA-H100-80GB-HBM3")
+def test_fabric_pods_pinned_one_per_node_with_a_headless_service():
+    """A fabric job (gpuproof.bench.fabric): one pod pinned to each node, rank group i of torchrun, pod 0's DNS name
+    from the headless Service; the fabric resources a node advertises asked for, with IPC_LOCK."""
+    from gpuproof.bench import fabric
+    from gpuproof.cluster.placement import pinned_node
+
+    pp = fabric.PodPlan(image=wl.DEFAULT_IMAGE, gpus=8, limits={"h100-1": {"rdma/ib": 1}})
+    svc, *pods = fabric.fabric_pods("fab-x-1", ["h100-0", "h100-1"], ["--sizes", "1G"], pp, labels=LABELS,
+                                    namespace=NS)
     assert svc["kind"] == "Service" and svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
-    assert job["spec"]["completionMode"] == "Indexed"
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
-    spec = pod_spec(job)
-    assert spec["subdomain"] == svc["metadata"]["name"] == "ar-multi"
-    selector = svc["spec"]["selector"]
-    assert selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
-    script = spec["containers"][0]["command"][2]
-    assert "--nnodes=4" in script and "--nproc-per-node=8" in script
-    assert '--node-rank="${JOB_COMPLETION_INDEX}"' in script
-    assert "--master-addr=ar-multi-0.ar-multi" in script and "getent hosts ar-multi-0.ar-multi" in script
-    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
-    anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
-    assert anti["topologyKey"] == "kubernetes.io/hostname"
-    assert_run_labels([svc, job])
+    assert [pinned_node(p["spec"]) for p in pods] == ["h100-0", "h100-1"]
+    for i, pod in enumerate(pods):
+        spec = pod["spec"]
+        assert spec["subdomain"] == "fab-x-1" and spec["hostname"] == f"fab-x-1-{i}"
+        assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        script = spec["containers"][0]["command"][2]
+        assert "--nnodes=2" in script and "--nproc-per-node=8" in script and f"--node-rank={i}" in script
+        assert "--master-addr=fab-x-1-0.fab-x-1" in script and "getent hosts fab-x-1-0.fab-x-1" in script
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
+    limits = [p["spec"]["containers"][0]["resources"]["limits"] for p in pods]
+    assert limits == [{"nvidia.com/gpu": 8}, {"nvidia.com/gpu": 8, "rdma/ib": 1}]
+    assert "securityContext" not in pods[0]["spec"]["containers"][0]
+    assert pods[1]["spec"]["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert_run_labels([svc, *pods])
+
+
+def test_a_users_pod_fragment_is_merged_into_every_fabric_pod(tmp_path, monkeypatch):
+    from gpuproof.bench import fabric
+    from gpuproof.errors import GpuproofError
+
+    frag = tmp_path / "pod.yaml"
+    frag.write_text("spec:\n  containers:\n  - env: [{name: NCCL_IB_HCA, value: mlx5}]\n"
+                    "    resources: {limits: {rdma/ib: 1}}\n  priorityClassName: training\n")
+    monkeypatch.setenv(fabric.POD_ENV, str(frag))
+    pp = fabric.PodPlan(image=wl.DEFAULT_IMAGE, gpus=8, patch=fabric.pod_patch())
+    _, pod, _ = fabric.fabric_pods("fab-x-2", ["a", "b"], [], pp, labels=LABELS, namespace=NS)
+    c = pod["spec"]["containers"][0]
+    assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in c["env"] and {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 8, "rdma/ib": 1}
+    assert pod["spec"]["priorityClassName"] == "training"
+    frag.write_text("- not a mapping\n")
+    with pytest.raises(GpuproofError, match="must be a YAML mapping"):
+        fabric.pod_patch()
+
+
+def test_fabric_offers_and_limits_come_from_the_nodes_resources():
+    from types import SimpleNamespace
+
+    from gpuproof.bench import fabric
+
+    efa = SimpleNamespace(allocatable={"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32", "cpu": "190"})
+    ib = SimpleNamespace(allocatable={"nvidia.com/gpu": "8", "rdma/rdma_shared_device_a": "1k", "rdma/unused": "0"})
+    plain = SimpleNamespace(allocatable={"nvidia.com/gpu": "8"})
+    assert fabric.offers(efa) == ["vpc.amazonaws.com/efa: 32"] and fabric.fabric_limits(efa) == {
+        "vpc.amazonaws.com/efa": "32"}
+    assert fabric.offers(ib) == ["rdma/rdma_shared_device_a: 1k"]
+    assert fabric.fabric_limits(ib) == {"rdma/rdma_shared_device_a": 1}
+    assert fabric.offers(plain) == [] and fabric.fabric_limits(plain) == {}
 
 
 def test_inference_deployment_service_and_loadgen():
@@ -145,8 +186,6 @@ def test_bad_names_are_refused():
     with pytest.raises(ValueError, match=r"^'Bad_Name' is not a valid Kubernetes name \(lower-case letters, "
                                          r"digits and '-', at most 63 characters\)$"):
         wl.workload_pod("Bad_Name", "probe", labels=LABELS, namespace=NS)
-    with pytest.raises(ValueError, match=r"^'x{60}' is not a valid Kubernetes name .*at most 50 characters\)$"):
-        wl.allreduce_multinode("x" * 60, 2, 1, labels=LABELS, namespace=NS)
 
 
 def test_parse_result_takes_the_last_json_line():
@@ -178,6 +217,7 @@ def test_a_long_result_split_by_the_runtime_around_stderr_lines_is_read_whole():
 def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workload():
     """The embedded cluster's kubelet nodes lend an image with the host's Python (gpuproof.sim.kubelet.workload_image):
     every workload object mounts its folders read-only at the same path, with its environment."""
+    from gpuproof.bench.fabric import PodPlan, fabric_pods
     from gpuproof.bench.loadpods import distributed_manifests
 
     image = wl.Image("gpuproof.local/workloads:k", host_paths=(("/usr", "/host/usr"), ("/opt/py", "/opt/py")),
@@ -186,7 +226,7 @@ def test_a_lent_image_brings_its_host_paths_env_and_pull_policy_to_every_workloa
                      pull_policy="Never", device="cpu")
     assert wl.Image.from_json(json.loads(json.dumps(image.to_json()))) == image
     objs = [wl.workload_pod("p", "probe", labels=LABELS, namespace=NS, image=image),
-            *wl.allreduce_multinode("ar", 2, 1, labels=LABELS, namespace=NS, image=image),
+            *fabric_pods("ar", ["a", "b"], [], PodPlan(image=image, gpus=1, device="cpu"), labels=LABELS, namespace=NS),
             *wl.inference_manifests("inf", labels=LABELS, namespace=NS, image=image),
             wl.loadgen_pod("lg", "http://inf:8000", labels=LABELS, namespace=NS, image=image),
             *distributed_manifests("dl", "http://inf:8000", [], 2, labels=LABELS, namespace=NS, image=image)]
@@ -216,9 +256,12 @@ def test_a_bench_pod_tolerates_its_nodes_own_taints():
                           tolerations=tolerate(aks))
     assert pod["spec"]["tolerations"] == [{"key": "sku", "operator": "Exists"},
                                           {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]
-    job = [o for o in wl.allreduce_multinode("ar-multi-a100", 2, 8, labels=LABELS, namespace=NS,
-                                             tolerations=tolerate(aks + aks)) if o["kind"] == "Job"][0]
-    assert job["spec"]["template"]["spec"]["tolerations"] == pod["spec"]["tolerations"]      # each key once
+    from gpuproof.bench.fabric import PodPlan, fabric_pods
+
+    fab = fabric_pods("fab-a100", ["aks-gpu-0", "aks-gpu-1"], [], PodPlan(image=wl.DEFAULT_IMAGE, gpus=8,
+                                                                          tolerations=tolerate(aks + aks)),
+                      labels=LABELS, namespace=NS)[1]
+    assert fab["spec"]["tolerations"] == pod["spec"]["tolerations"]      # each key once
     untainted = wl.workload_pod("bench-hbm-l4", "hbm", labels=LABELS, namespace=NS, gpus=1, node="l4-0",
                                 tolerations=tolerate([]))
     assert "tolerations" not in untainted["spec"]

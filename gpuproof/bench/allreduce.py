@@ -1,15 +1,15 @@
 """Benchmark ``allreduce``: an all-reduce size sweep with torch.distributed (NCCL on GPUs, gloo on the CPU).
 
 Runs ``workloads/allreduce.py``: per message size nccl-tests' columns (time, algbw, busbw, #wrong) and the average
-bus bandwidth; with one rank, no bandwidth and why. In a cluster one pod starts the ranks with torchrun, or an
-indexed Job spans several nodes (:meth:`AllReduce.run_multinode`), and the per-node figures name stragglers.
+bus bandwidth; with one rank, no bandwidth and why. In a cluster one pod starts the ranks with torchrun; across
+nodes the fabric suite runs it (gpuproof.bench.fabric: pairs of nodes and a ring over all).
 """
 
 from __future__ import annotations
 
 from ..results import MetricRecord
 from . import workloads as wl
-from .base import CPU_PEER_PCT, Benchmark, applied, ensure_configmap, pod_name, present, register
+from .base import CPU_PEER_PCT, Benchmark, present, register
 
 
 @register
@@ -101,28 +101,3 @@ class AllReduce(Benchmark):
         return [wl.workload_pod(name, self.script, args, labels=labels, namespace=namespace, image=image,
                                 gpus=gpus, resource=resource, product=product, node=node, torchrun=True,
                                 tolerations=tolerations)]
-
-    def run_multinode(self, run, params: dict, *, product: str, nnodes: int, gpus_per_node: int,
-                      image: str = wl.DEFAULT_IMAGE, timeout: float | None = None,
-                      tolerations: list[dict] | None = None) -> dict:
-        """Indexed Job over ``nnodes`` nodes of ``product``; the result is in the index-0 pod's log.
-        ``tolerations``: the product's nodes' own taints'."""
-        name = pod_name("ar-multi", product)
-        ensure_configmap(run)
-        args = self.workload_args({**params, "nproc": None, "ranks_per_node": None})
-        objs = wl.allreduce_multinode(name, nnodes, gpus_per_node, args, labels=run.labels,
-                                      namespace=run.namespace, image=image, product=product,
-                                      tolerations=tolerations)
-        index_annotation = "batch.kubernetes.io/job-completion-index"
-
-        def index0_done(cache):
-            for pod in cache.values():
-                ann = pod.metadata.annotations or {}
-                if ann.get(index_annotation) == "0" and pod.status.phase in ("Succeeded", "Failed"):
-                    return pod
-            return None
-
-        with applied(run, objs):
-            pod = run.wait_pods(index0_done, timeout or self.timeout_s, f"the index-0 pod of Job {name} to finish",
-                                label_selector=f"{wl.WORKLOAD_LABEL}={name}")
-            return wl.pod_result(run, pod.metadata.name, what=f"all-reduce pod {pod.metadata.name}")

@@ -16,7 +16,6 @@ from ..errors import GpuproofError
 from ..bench import get
 
 IMAGE_ENV = "GPUPROOF_IMAGE"                 # override the workload image
-MAX_NODES_ENV = "GPUPROOF_ALLREDUCE_MAX_NODES"  # multi-node all-reduce uses at most this many nodes (default 4)
 
 
 def image(run=None):
@@ -51,10 +50,6 @@ def mark(records: list, run=None) -> list:
         if getattr(run, "quick_bench", False):
             r.parameters.setdefault("sizes", "quick")
     return records
-
-
-def multinode_count(nodes: list) -> int:
-    return min(len(nodes), max(2, int(os.environ.get(MAX_NODES_ENV, "4"))))
 
 
 def is_simulated(target, discovery=None) -> bool:

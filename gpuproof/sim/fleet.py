@@ -150,6 +150,14 @@ class Fault:
     labels_over_gfd: dict[str, str] = dataclasses.field(default_factory=dict)
     # replay nodes (gpuproof.sim.replay): the node's census pod returns the census recorded under a CPU quota
     replay_slow: bool = False
+    # replay nodes: the fabric suite's pair of this node and the pool's node of this index returns the pair workload
+    # recorded over a link really slowed (gpuproof.sim.replay): a slow link between two healthy nodes
+    replay_slow_link: int | None = None
+    # kubelet nodes: the node's network shaped to this many Mbit/s each way by the kernel's tc (its eth0 in its
+    # namespace and its veth on the host): a slow node's NIC; and links to other nodes of the pool (node index ->
+    # Mbit/s) shaped the same way on both nodes' eth0 for traffic to each other only: a slow link between healthy nodes
+    net_rate_mbit: int | None = None
+    slow_links: dict[int, int] = dataclasses.field(default_factory=dict)
 
     @property
     def unmanaged(self) -> bool:
@@ -216,6 +224,22 @@ class Pool:
         """The CPU share (percent of one core) node ``index``'s pods are held to (kubelet nodes), None: no limit."""
         limits = [fault.cpu_percent for fault in self.faults_for(index) if fault.cpu_percent is not None]
         return min(limits) if limits else None
+
+    def net_rate_mbit(self, index: int) -> int | None:
+        """The rate node ``index``'s network is shaped to (kubelet nodes), None: not shaped."""
+        rates = [f.net_rate_mbit for f in self.faults_for(index) if f.net_rate_mbit is not None]
+        return min(rates) if rates else None
+
+    def slow_links(self, index: int) -> dict[int, int]:
+        """Node ``index``'s links shaped by a fault, either side's: other node index -> Mbit/s (kubelet nodes)."""
+        out: dict[int, int] = {}
+        for i in range(self.count):
+            for fault in self.faults_for(i):
+                for other, rate in fault.slow_links.items():
+                    if index in (i, other) and i != other:
+                        peer = other if i == index else i
+                        out[peer] = min(rate, out.get(peer, rate))
+        return out
 
     def container_toolkit(self, index: int) -> dict | None:
         """Node ``index``'s settings for NVIDIA's container toolkit as its runtime (kubelet nodes); None: runc."""

@@ -245,6 +245,19 @@ def _parse_fault(f: _Fields) -> Fault:
     if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int) or not 1 <= cpu <= 10000):
         f.fail("cpuPercent", f"must be a whole number of percent of one CPU core, 1 to 10000, got {_kind(cpu)} {cpu!r}")
     fault.cpu_percent = cpu
+    rate = f.get("netRateMbit")
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= 100_000):
+        f.fail("netRateMbit", f"must be a whole number of Mbit/s, 1 to 100000, got {_kind(rate)} {rate!r}")
+    fault.net_rate_mbit = rate
+    links = f.get("slowLinks") or []
+    if not isinstance(links, list):
+        f.fail("slowLinks", f"must be a list of {{to: <node index>, rateMbit: <n>}}, got {_kind(links)}")
+    for i, link in enumerate(links):
+        to, mbit = (link.get("to"), link.get("rateMbit")) if isinstance(link, dict) else (None, None)
+        if set(link if isinstance(link, dict) else ()) != {"to", "rateMbit"} or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (to, mbit)) or not mbit:
+            f.fail(f"slowLinks[{i}]", f"must be {{to: <node index of the pool>, rateMbit: <1 or more>}}, got {link!r}")
+        fault.slow_links[to] = mbit
     fault.labels_over_gfd = f.str_map("labelsOverGfd")
     toolkit = f.get("containerToolkit")
     if toolkit is not None:
@@ -261,6 +274,10 @@ def _parse_fault(f: _Fields) -> Fault:
                                                   f"{_kind(value)} {value!r}")
         fault.container_toolkit = dict(toolkit)
     fault.replay_slow = f.bool("replaySlow")
+    link = f.get("replaySlowLink")
+    if link is not None and (isinstance(link, bool) or not isinstance(link, int) or link < 0):
+        f.fail("replaySlowLink", f"must be the index of another node of the pool, got {_kind(link)} {link!r}")
+    fault.replay_slow_link = link
     ready = f.get("ready")
     if ready is not None and not isinstance(ready, bool):
         f.fail("ready", f"must be true or false, got {_kind(ready)} {ready!r}")
@@ -334,6 +351,10 @@ def _parse_pool(f: _Fields) -> Pool:
     for i, fault in enumerate(pool.faults):
         if fault.node is not None and fault.node >= count:
             f.fail(f"faults[{i}].node", f"pool has {count} nodes, so the index must be below {count}")
+        for to in fault.slow_links:
+            if fault.node is None or to >= count or to == fault.node:
+                f.fail(f"faults[{i}].slowLinks", f"a link joins this fault's node to another of the pool's {count} "
+                                                 f"nodes: name the fault's node, and a `to` below {count} and not it")
         for key, (attr, why) in KUBELET_NODE_FAULTS.items():
             given = getattr(fault, attr) is not None if attr == "container_toolkit" else getattr(fault, attr)
             if given and pool.backend != "kubelet":
@@ -343,6 +364,8 @@ def _parse_pool(f: _Fields) -> Pool:
                                                     "plugin (DRA nodes run containerd 1.7 with CDI)")
         if fault.replay_slow and pool.backend != "replay":
             f.fail(f"faults[{i}].replaySlow", "is for replay nodes, whose census pod returns a recording")
+        if fault.replay_slow_link is not None:
+            _check_replay_link(pool, i, fault, f)
     if pool.backend == "kubelet":
         _check_kubelet_pool(pool, f)
     if pool.backend == "replay":
@@ -370,6 +393,8 @@ KUBELET_NODE_FAULTS = {
     "containerToolkit": ("container_toolkit", "is for kubelet nodes, whose containerd runs NVIDIA's container "
                                               "toolkit; kwok nodes run no container"),
     "labelsOverGfd": ("labels_over_gfd", "is for kubelet nodes, which GFD labels; on kwok nodes use setLabels"),
+    "netRateMbit": ("net_rate_mbit", "is for kubelet nodes, whose network the kernel carries; kwok nodes have none"),
+    "slowLinks": ("slow_links", "is for kubelet nodes, whose network the kernel carries; kwok nodes have none"),
 }
 
 
@@ -386,9 +411,9 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
         if fault != Fault(node=fault.node, nvml_failures=fault.nvml_failures,
                           **{attr: getattr(fault, attr) for attr, _ in KUBELET_NODE_FAULTS.values()}):
             f.fail(f"faults[{i}]", "kubelet nodes take NVML faults only (nvmlFailures, nvmlCtl), a node's own "
-                                   "devicePluginConfig, missingImages, cpuPercent, containerToolkit and "
-                                   "labelsOverGfd: their labels, resources and state are what NVIDIA's software and "
-                                   "the kubelet make of them")
+                                   "devicePluginConfig, missingImages, cpuPercent, containerToolkit, "
+                                   "labelsOverGfd, netRateMbit and slowLinks: their labels, resources and state are "
+                                   "what NVIDIA's software and the kubelet make of them")
 
 
 def _check_replay_pool(pool: Pool, f: _Fields) -> None:
@@ -405,6 +430,28 @@ def _check_replay_pool(pool: Pool, f: _Fields) -> None:
     if pool.offer != "device-plugin" or pool.time_slicing or pool.mig_enabled or pool.label_scheme != "gfd":
         f.fail("backend", "replay nodes are whole GPUs through NVIDIA's device plugin, labelled by GFD (as "
                           "recorded): no DRA, sharing, MIG or other label scheme")
+
+
+def _check_replay_link(pool: Pool, i: int, fault: Fault, f: _Fields) -> None:
+    """A slow link of replay nodes joins the fault's node to another that the fabric suite's default pair schedule
+    pairs it with (the replay nodes hold logs for those pairs: gpuproof.sim.replay)."""
+    field = f"faults[{i}].replaySlowLink"
+    if pool.backend != "replay":
+        f.fail(field, "is for replay nodes, whose fabric pods return a recording; on kubelet nodes a link is shaped "
+                      "by the kernel: slowLinks")
+    to = fault.replay_slow_link
+    if fault.node is None or to >= pool.count or to == fault.node:
+        f.fail(field, f"a link joins this fault's node to another of the pool's {pool.count} nodes: name the "
+                      f"fault's node, and an index below {pool.count} and not it")
+    from ..vocab import pair_rounds
+
+    names = pool.node_names()
+    me = names[fault.node]
+    partners = sorted({b if a == me else a for r in pair_rounds(names) for a, b in r if me in (a, b)},
+                      key=names.index)
+    if names[to] not in partners:
+        f.fail(field, f"the fabric suite's default pair schedule never pairs {me} with {names[to]}: name one of its "
+                      f"partners, " + ", ".join(f"{names.index(p)} ({p})" for p in partners))
 
 
 def _check_scheme(pool: Pool, f: _Fields) -> None:

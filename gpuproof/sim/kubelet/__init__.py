@@ -128,6 +128,7 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
     clusternet.wait(client, state, timeout)
     # once NVIDIA's software runs and CoreDNS answers: the fault is the run's to find, not the cluster's start's
     faults.limit_pod_cpu(CGROUP / "cpu" / state.cgroup, wanted, progress)
+    faults.shape_network(state, wanted, progress)
     progress(f"{len(wanted)} kubelet node(s) Ready in {time.monotonic() - t0:.1f}s"
              + (f"; NVIDIA's device plugin and GFD advertise and label GPUs on {len(gpu)}" if gpu else "")
              + (f" (the device plugin crash-loops on {', '.join(sorted(crashed))})" if crashed else ""))

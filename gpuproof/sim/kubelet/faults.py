@@ -19,7 +19,13 @@ The fault only changes what the node holds; the kubelet, containerd and NVIDIA's
   kubelet's ``kubepods`` cgroup once the cluster is up (NVIDIA's device plugin and GFD running, CoreDNS answering;
   the kernel then throttles the node's pods): a slow node, made by the kernel, for the census to find among its
   peers.
+- ``netRateMbit``: the node's network shaped by the kernel (``tc``: an HTB class on its ``eth0`` inside its network
+  namespace for what it sends, a token bucket on its veth on the host for what it receives), once the cluster is
+  up: a slow node's NIC, for the fabric suite's pairs to find (every pair of it slow).
+- ``slowLinks``: the link between two nodes of a pool shaped the same way on both nodes' ``eth0``, for traffic to
+  each other's address and pod range only: a slow link between two healthy nodes (their other pairs fast).
 """
+
 
 from __future__ import annotations
 
@@ -132,4 +138,50 @@ def label_over_gfd(client, wanted: list[tuple], progress: Progress) -> dict[str,
             done[node.name] = labels
             progress(f"kubelet node {node.name}: labelled over GFD's: "
                      + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    return done
+
+
+def _tc(state, i: int | None, *args: str) -> None:
+    from .host import _sh
+
+    inside = ("ip", "netns", "exec", state.netns(i)) if i is not None else ()
+    _sh(*inside, "tc", *args)
+
+
+def shape_network(state, wanted: list[tuple], progress: Progress) -> dict[str, str]:
+    """Apply each kubelet node's ``netRateMbit`` and ``slowLinks`` with ``tc`` (see the module's doc). ``wanted``:
+    (node, pool) of every kubelet node; a link names the other node by its index in the pool. Returns node -> what
+    was shaped. The shaping goes with the node's namespace and veth when the cluster stops."""
+    by_name = {node.name: node for node, _ in wanted}
+    done: dict[str, str] = {}
+    for node, pool in wanted:
+        index = pool.node_names().index(node.name)
+        rate = pool.net_rate_mbit(index)
+        links = {by_name[pool.node_names()[to]]: mbit for to, mbit in pool.slow_links(index).items()
+                 if pool.node_names()[to] in by_name}
+        if rate is None and not links:
+            continue
+        # what the node sends: an HTB root on its eth0; unclassified traffic goes at the device's speed unless the
+        # node itself is slow (its default class)
+        _tc(state, node.index, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "htb",
+            *(("default", "1") if rate else ()))
+        if rate:
+            _tc(state, node.index, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb",
+                "rate", f"{rate}mbit")
+        for k, (other, mbit) in enumerate(sorted(links.items(), key=lambda x: x[0].name), start=10):
+            mbit = min(mbit, rate or mbit)
+            _tc(state, node.index, "class", "add", "dev", "eth0", "parent", "1:", "classid", f"1:{k}", "htb",
+                "rate", f"{mbit}mbit")
+            for dst in (other.pod_cidr, f"{other.ip(state.subnet)}/32"):
+                _tc(state, node.index, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
+                    "match", "ip", "dst", dst, "flowid", f"1:{k}")
+        if rate:            # what the node receives: the host's end of its veth sends it
+            _tc(state, None, "qdisc", "add", "dev", state.veth(node.index), "root", "tbf", "rate", f"{rate}mbit",
+                "burst", "64kb", "latency", "400ms")
+        done[node.name] = ", ".join(
+            ([f"its network at {rate} Mbit/s"] if rate else [])
+            + [f"its link to {o.name} at {m} Mbit/s" for o, m in sorted(links.items(), key=lambda x: x[0].name)])
+    if done:
+        progress("network shaped by tc: " + "; ".join(f"{n}: {what}" for n, what in sorted(done.items()))
+                 + " (netRateMbit, slowLinks)")
     return done

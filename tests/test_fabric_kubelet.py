@@ -1,0 +1,79 @@
+"""The fabric suite on real kubelet nodes (issue #50 item 5): five GPU nodes whose pods talk gloo over TCP between
+the nodes' network namespaces, one node's network shaped by the kernel's tc (``netRateMbit``) and the link between two
+others shaped alone (``slowLinks``). Every pair is measured (``GPUPROOF_FABRIC_PAIRS=all``): the slow node is named,
+the slow link is named and its two nodes are not, the other nodes and links pass."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from gpuproof.errors import FleetError
+from gpuproof.sim import kubelet
+from gpuproof.sim.fleet_file import parse_fleet
+
+SLOW_NODE, LINK = "a100-4", "a100-0<->a100-1"
+FLEET = {"name": "fabric", "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
+         "pools": [{"name": "a100", "count": 5, "backend": "kubelet", "instanceType": "a2-highgpu-1g",
+                    "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 1},
+                    "faults": [{"node": 4, "netRateMbit": 20},
+                               {"node": 0, "slowLinks": [{"to": 1, "rateMbit": 20}]}]}]}
+
+
+def test_the_network_faults_parse_and_shape_both_ends_of_a_link():
+    pool = parse_fleet(FLEET, source="fabric.yaml").pools[0]
+    assert [pool.net_rate_mbit(i) for i in range(5)] == [None, None, None, None, 20]
+    assert [pool.slow_links(i) for i in range(5)] == [{1: 20}, {0: 20}, {}, {}, {}]
+
+
+@pytest.mark.parametrize("fault, field, words", [
+    ({"node": 0, "netRateMbit": 0}, "netRateMbit", "1 to 100000"),
+    ({"node": 0, "slowLinks": [{"to": 0, "rateMbit": 5}]}, "slowLinks", "not it"),
+    ({"node": 0, "slowLinks": [{"to": 9, "rateMbit": 5}]}, "slowLinks", "below 5"),
+    ({"slowLinks": [{"to": 1, "rateMbit": 5}]}, "slowLinks", "name the fault's node"),
+    ({"node": 0, "slowLinks": [{"to": 1}]}, "slowLinks[0]", "rateMbit"),
+    ({"node": 0, "slowLinks": {"to": 1}}, "slowLinks", "must be a list"),
+])
+def test_a_bad_network_fault_is_refused_naming_the_field(fault, field, words):
+    fleet = {**FLEET, "pools": [{**FLEET["pools"][0], "faults": [fault]}]}
+    with pytest.raises(FleetError) as err:
+        parse_fleet(fleet, source="fabric.yaml")
+    assert field in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_network_faults_are_for_kubelet_nodes():
+    kwok = {**FLEET["pools"][0], "backend": "kwok", "faults": [{"node": 4, "netRateMbit": 20}]}
+    with pytest.raises(FleetError, match="netRateMbit: is for kubelet nodes"):
+        parse_fleet({**FLEET, "pools": [kwok]}, source="fabric.yaml")
+
+
+@pytest.mark.kubelet
+@pytest.mark.skipif(bool(kubelet.missing()), reason=kubelet.missing() or "")
+def test_the_fabric_names_the_slow_node_and_the_slow_link(tmp_path, monkeypatch):
+    from test_kubelet_pods import gpuproof_run, records
+
+    fleet = tmp_path / "fabric.yaml"
+    fleet.write_text(yaml.safe_dump(FLEET))
+    monkeypatch.setenv("GPUPROOF_FABRIC_PAIRS", "all")
+    proc, run = gpuproof_run(tmp_path, "--fleet", str(fleet), "--only-bench", "-k", "fabric",
+                             "--progress-after", "1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    assert "network shaped by tc: a100-0: its link to a100-1 at 20 Mbit/s" in out, out[-4000:]
+    checks = [r for r in records(run, "checks.jsonl") if r["check"].startswith("fabric-")]
+    failed = {(r["check"], r["target"]) for r in checks if r["verdict"] == "fail"}
+    assert failed == {("fabric-node", SLOW_NODE), ("fabric-link", LINK)}, [r for r in checks if r["verdict"] == "fail"]
+    node = next(r for r in checks if (r["check"], r["target"]) == ("fabric-node", SLOW_NODE))
+    assert "measured again with known-good" in node["actual"] and "reference" in node["actual"], node
+    link = next(r for r in checks if (r["check"], r["target"]) == ("fabric-link", LINK))
+    assert "each node measured again with a known-good node was not slow" in link["actual"], link
+    passed = {(r["check"], r["target"]) for r in checks if r["verdict"] == "pass"}
+    assert {("fabric-node", f"a100-{i}") for i in range(4)} <= passed, checks
+    assert {("fabric-pair-result", p) for p in ("a100-0<->a100-2", "a100-2<->a100-3")} <= passed
+    assert ("fabric-ring-result", "a100-0") in passed
+    metrics = [r for r in records(run, "metrics.jsonl") if r["benchmark"] == "fabric"]
+    pairs = {r["node"]: r for r in metrics if r["metric"] == "pair_busbw_gbps" and '"retest": false' in r["parameters"]}
+    assert len(pairs) == 10, sorted(pairs)                       # every pair of five nodes
+    assert all('"transport": "TCP (gloo)"' in r["parameters"] for r in pairs.values()), pairs
+    (bad_nodes,) = [r for r in metrics if r["metric"] == "bad_nodes"]
+    assert '"names": "a100-4"' in bad_nodes["parameters"]
