@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up gpuproof on this machine: a Python virtualenv in .venv with gpuproof[bench] installed (editable),
+# Set up gpuproof on this machine: a Python virtualenv in .venv with gpuproof[bench,test,docs] installed (editable),
 # and the embedded cluster's control plane (built once from the pinned Go modules into
 # ~/.cache/gpuproof, or taken from $GPUPROOF_BIN_DIR / $KUBEBUILDER_ASSETS / PATH).
 # Idempotent: a second run takes seconds.
@@ -29,8 +29,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-echo "[setup] installing gpuproof[bench,test] and its dependencies into .venv (torch is large the first time)"
-.venv/bin/python -m pip install -q -e '.[bench,test]'
+echo "[setup] installing gpuproof[bench,test,docs] and its dependencies into .venv (torch is large the first time)"
+.venv/bin/python -m pip install -q -e '.[bench,test,docs]'
 
 if [ "$with_aiperf" = 1 ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
   # NVIDIA's AIPerf, for the load client's parity tests, in a venv of its own: its pins would downgrade .venv's
