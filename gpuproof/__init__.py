@@ -1,7 +1,7 @@
 """gpuproof: acceptance and benchmark suite for GPU Kubernetes clusters.
 
-How the package is built (README, "How gpuproof is built"; ``tests/test_layers.py`` keeps it true), bottom-up:
-base modules here (``vocab``, ``errors``, ``results``, ``catalog``, ``images``), then ``cluster/``,
+How the package is built (docs/development.md, "How gpuproof is built"; ``tests/test_layers.py`` keeps it true),
+bottom-up: base modules here (``vocab``, ``errors``, ``results``, ``catalog``, ``images``), then ``cluster/``,
 ``discovery/``, ``sim/`` beside ``bench/`` and ``report/``, ``plugin/``, and ``cli/`` on top. Each package's
 ``__init__`` says what it is for and what it may import. This module holds the version and
 :func:`package_folder`, and imports only :mod:`gpuproof.errors`.

@@ -1,4 +1,4 @@
-"""gpuproof's layers, and the imports that keep them true (README, "How gpuproof is built").
+"""gpuproof's layers, and the imports that keep them true (docs/development.md, "How gpuproof is built").
 
 Bottom-up, each layer imports only layers below it (imports inside functions count too):
 
