@@ -4,7 +4,8 @@ A copied rule that matches no record judges nothing, silently (``gpuproof report
 matches and judges none of them): reports/README.md's example once named ``inference/latency_p9[59]_ms``, which no
 benchmark wrote. The rules are read from the documents themselves:
 
-- the ```yaml blocks holding ``rules:`` in README.md, reports/README.md and deploy/cronjob/README.md;
+- the ```yaml blocks holding ``rules:`` in README.md, reports/README.md, deploy/cronjob/README.md and the documentation
+  site's pages (docs/);
 - the nightly's ``rules.yaml`` in deploy/cronjob/config.yaml (the ConfigMap the CronJob mounts);
 - the example in gpuproof/report/baseline.py's docstring (the rules format's reference).
 
@@ -33,7 +34,8 @@ RECORDED = {"matmul": "h100-matmul.json", "allreduce": "cpu-allreduce.json", "in
 HBM_RESULT = {"device": "cuda", "device_name": "NVIDIA H200", "memory": "HBM3e",
               "results": [{"kernel": "copy", "size_bytes": 2 ** 30, "iters": 20, "gbps": 3900.0, "median_ms": 0.55,
                            "ratio_to_peak": 0.81, "peak_gbps": 4800.0, "check_ok": True}]}
-MARKDOWN = ("README.md", "reports/README.md", "deploy/cronjob/README.md")
+MARKDOWN = ("README.md", "reports/README.md", "deploy/cronjob/README.md",
+            *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")))
 # where rules are documented today: a reader that finds none there has broken, not the docs
 MUST_HOLD_RULES = {"reports/README.md", "deploy/cronjob/config.yaml", "gpuproof/report/baseline.py"}
 
@@ -79,7 +81,8 @@ def test_a_documented_rule_judges_a_record_a_benchmark_writes(where, rule):
     - deploy/cronjob/config.yaml: ``matmul/tflops``, ``hbm/bandwidth_gbps``, ``allreduce/avg_busbw_gbps``,
       ``re:^inference/(ttft|tpot)_p(50|99)_ms$``;
     - gpuproof/report/baseline.py: ``matmul/tflops`` (dtype bf16), ``re:inference/p9[09]_ms``;
-    - README.md and deploy/cronjob/README.md: none (they point to the two above)."""
+    - README.md, deploy/cronjob/README.md and docs/: none (they point to the two above; docs/reports.md renders
+      reports/README.md, not a copy)."""
     hits = [f"{r.benchmark}/{r.metric}" for r in benchmark_records()
             if rule.matches(r.benchmark, r.metric, r.as_row()["parameters"])]
     assert hits, f"{where}: rule {rule.metric!r} ({rule.parameters or 'any parameters'}) judges no record a " \
