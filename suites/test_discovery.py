@@ -1,4 +1,23 @@
-"""Discovery: the cluster has GPU nodes, found from labels and capacity (never from node names)."""
+"""Discovery: the cluster has GPU nodes, found from labels and capacity (never from node names).
+
+Every other suite works on what discovery finds, so this is where a cluster's GPU nodes and pools are decided
+(``gpuproof/discovery/nodes.py``):
+
+- **GPU Feature Discovery's labels** (``nvidia.com/gpu.product``, ``gpu.count``, ``gpu.memory``, ...), or a managed
+  offering's own: GKE's ``cloud.google.com/gke-accelerator``, ``gke-gpu-partition-size`` and
+  ``gke-max-shared-clients-per-gpu``, Karpenter's ``karpenter.k8s.aws/instance-gpu-*``, and AKS and EKS instance types
+  read through the product catalog (``gpuproof/catalog.yaml``);
+- **NVIDIA's DRA driver's ResourceSlices**, for nodes whose GPUs only Dynamic Resource Allocation offers;
+- **capacity**: a node advertising ``nvidia.com/gpu`` (or MIG or shared resources) is a GPU node whatever its labels
+  say; a resource left at 0 (the kubelet keeps old extended resources at 0 after a MIG or sharing change) is not
+  advertised, and MIG devices a node advertises make it a MIG node.
+
+Older GFD releases' labels are read too (``cuda.driver.*``, no ``gpu.replicas`` or ``gpu.sharing-strategy``,
+``gpu.memory`` in bytes). Each node records where its product, count, sharing and partitioning came from (a label
+scheme, the catalog, the capacity, a ResourceSlice), and whether it is real or a simulated kwok node; the run's
+``inventory.json`` keeps it all. Pools are the nodes of one pool label (``--pool-label``, default the first common
+cloud pool label found) or, without one, of one instance type and product.
+"""
 
 FEATURE = "discovery"
 

@@ -1,9 +1,11 @@
 """GPU health in a pod on every GPU node (workloads/health.py).
 
-XIDs, ECC errors, retired pages / remapped rows, clock-event reasons during a matmul
-burst, PCIe generation and width under load, NVLink links, persistence mode, power
-limit, host<->GPU and GPU<->GPU copy bandwidth, and ``dcgmi diag`` when the image has
-DCGM. Each item of the workload becomes a check record: a failed item fails the test
+On every real GPU node, all nodes at once (the fan-out), over every GPU NVML lists whatever CUDA sees (the items
+that need CUDA, the load and the copies, say so where it is missing): the GPU answers NVML (a lost GPU, or one
+fallen off the bus, fails), XIDs, ECC errors, SRAM ECC, retired pages / remapped rows, clock-event reasons during a
+matmul burst, PCIe generation and width under load, NVLink links, NVLink errors during the run, NVLink fabric
+health, persistence mode, power limit, host<->GPU and GPU<->GPU copy bandwidth, and ``dcgmi diag`` when the image
+has DCGM. Each item of the workload becomes a check record: a failed item fails the test
 naming the node, the threshold (expected) and the reading (actual); warnings are
 recorded as warnings; what a node cannot report is recorded as skipped, with why.
 

@@ -1,4 +1,11 @@
-"""Labels: GPU Feature Discovery labels are present, well formed, and uniform within a pool."""
+"""Labels: GPU Feature Discovery labels are present, well formed, and uniform within a pool.
+
+What GPU Feature Discovery writes on every GPU node (product, count, family, compute capability, driver and CUDA
+versions; the older ``cuda.driver.*`` and ``cuda.runtime.*`` names are read too) must be there and well formed;
+the labels GFD writes only in some set-ups (``gpu.memory``, ``gpu.replicas``, ``gpu.sharing-strategy``,
+``mig.strategy``) are checked where present. Nodes another scheme labels (GKE, EKS, Karpenter, AKS) skip, with the
+reason. The labels of every GPU node are recorded in the run's ``inventory.json``.
+"""
 
 import re
 
