@@ -54,6 +54,21 @@ class MigProfile:
         return low * self.memory_gb * 1024 <= mib <= high * self.memory_gb * 1024
 
 
+DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")     # the dtypes a product's peaks name (matmul's)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peaks:
+    """A product's datasheet figures, as the benchmarks' workloads read them (workloads/datasheet.py)."""
+
+    name: str                                     # how results name them ('H100 SXM'); the label by default
+    tflops: tuple[tuple[str, float | None], ...] = ()   # (dtype, dense peak TFLOPS; None: no such mode)
+    hbm_tbps: float | None = None                 # memory bandwidth, TB/s
+
+    def tflops_of(self, dtype: str) -> float | None:
+        return dict(self.tflops).get(dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class Product:
     label: str                 # nvidia.com/gpu.product value
@@ -66,6 +81,8 @@ class Product:
     aliases: tuple[tuple[str, str], ...] = ()   # (scheme, name)
     nvml: str = ""             # NVML's name where it is not the label's first '-' as a space
     vgpu: tuple[str, ...] = ()  # the board's name in NVIDIA vGPU type names (A100X for A100 HGX 40GB)
+    peaks: Peaks | None = None  # datasheet figures (None: gpuproof has none, no ratio to peak)
+    mock_nvml: str = ""         # NVIDIA's mock NVML profile the embedded cluster starts from ("": by family)
 
     def mig_profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig if p.name == name), None)
@@ -86,8 +103,22 @@ def _compute(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _peaks(label: str, data: dict | None) -> Peaks | None:
+    if not data:
+        return None
+    tflops = data.get("tflops") or {}
+    unknown = set(tflops) - set(DTYPES)
+    if unknown:
+        raise ValueError(f"catalog.yaml: {label}: peaks.tflops names no dtype gpuproof measures: "
+                         f"{', '.join(sorted(unknown))} (one of {', '.join(DTYPES)})")
+    return Peaks(str(data.get("name") or label),
+                 tuple((d, None if tflops[d] is None else float(tflops[d])) for d in DTYPES if d in tflops),
+                 None if data.get("hbmTBps") is None else float(data["hbmTBps"]))
+
+
 @functools.lru_cache(maxsize=None)
 def _load(path: Path = CATALOG_FILE) -> tuple[dict[str, Product], dict[str, InstanceType]]:
+    """The products and instance types; top-level sections other than these (and migTables) are others' to read."""
     data = yaml.safe_load(path.read_text())
     tables = {}
     for table, profiles in data["migTables"].items():
@@ -102,7 +133,8 @@ def _load(path: Path = CATALOG_FILE) -> tuple[dict[str, Product], dict[str, Inst
         aliases = tuple((scheme, name) for scheme, names in (p.get("aliases") or {}).items() for name in names)
         products[p["label"]] = Product(p["label"], int(p["memoryMiB"]), p["family"], _compute(p["compute"]),
                                        int(p["sms"]), tables.get(mig, ()), mig != "unknown", aliases,
-                                       p.get("nvml", ""), tuple(str(v).upper() for v in p.get("vgpu") or ()))
+                                       p.get("nvml", ""), tuple(str(v).upper() for v in p.get("vgpu") or ()),
+                                       _peaks(p["label"], p.get("peaks")), str(p.get("mockNvml") or ""))
     types = {name: InstanceType(name, t["product"], int(t["count"])) for name, t in data["instanceTypes"].items()}
     return products, types
 

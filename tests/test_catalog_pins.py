@@ -71,6 +71,7 @@ PRODUCTS = {
     "Tesla-V100-SXM2-16GB": Pin(16, None, "volta", (7, 0), NO_MIG, "Tesla V100-SXM2-16GB", ("nvidia-tesla-v100",),
                                 ("v100",), V100_DS),
     "Tesla-V100-SXM2-32GB": Pin(32, None, "volta", (7, 0), NO_MIG, "Tesla V100-SXM2-32GB", (), ("v100",), V100_DS),
+    "Tesla-V100-PCIE-16GB": Pin(16, None, "volta", (7, 0), NO_MIG, "Tesla V100-PCIE-16GB", (), (), V100_DS),
     "NVIDIA-A10G": Pin(24, 23028, "ampere", (8, 6), NO_MIG, "NVIDIA A10G", (), ("a10g",),
                        f"{A10G_DS}; {SMI} (A10, the same GA102 memory)"),
     "NVIDIA-L4": Pin(24, 23034, "ada-lovelace", (8, 9), NO_MIG, "NVIDIA L4", ("nvidia-l4",), ("l4",),

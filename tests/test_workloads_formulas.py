@@ -100,8 +100,9 @@ def test_expected_sum_table():
     ("NVIDIA-H100-80GB-HBM3", "H100 SXM"),
     ("NVIDIA H100 PCIe", "H100 PCIe"),
     ("NVIDIA H200", "H200"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "A100"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+    ("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "A100 40GB"),
+    ("NVIDIA A100 MIG 1g.10gb", None),           # no size: no product (the peaks are the same; its memory is not)
     ("NVIDIA L40S", "L40S"),
     ("NVIDIA-L4-SHARED", "L4"),
     ("NVIDIA L4", "L4"),
@@ -122,8 +123,9 @@ def test_peak_table_values():
     assert matmul.peak_tflops("NVIDIA A100-SXM4-40GB", "fp8") is None
     assert matmul.peak_tflops("Tesla T4", "fp16") == 65.0
     assert matmul.peak_tflops("unknown", "fp32") is None
-    for key in ("H100 SXM", "H100 PCIe", "H200", "A100", "L40S", "L4", "T4", "V100 SXM2"):
-        assert matmul.PEAK_TFLOPS[key]["fp32"] > 0
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA H200", "NVIDIA A100 80GB PCIe", "NVIDIA L40S",
+                 "NVIDIA L4", "Tesla T4", "Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"):
+        assert matmul.peak_tflops(name, "fp32") > 0, name
 
 
 # ---------------------------------------------------------------- parsing and statistics

@@ -14,7 +14,7 @@ process runs most iterations at full speed and stalls in a few; its median hid a
 On nodes with 2 or more GPUs, ``allreduce``: one all-reduce over one tensor per GPU in this one
 process (``torch.cuda.nccl.all_reduce``), busbw = algbw x 2(n-1)/n (nccl-tests' definition,
 allreduce.py). Per GPU the datasheet figures of its product (``peak_tflops``: dense peak of the
-dtype it ran, from matmul.PEAK_TFLOPS; ``peak_hbm_gbps`` from PEAK_HBM_TBPS) when known.
+dtype it ran; ``peak_hbm_gbps``: its memory bandwidth; gpuproof's product catalog, datasheet.py) when known.
 
 On the CPU (``--device cpu``, or no CUDA: kubelet nodes run NVIDIA's mock NVML with CPU only) the
 same code runs on the CPU in float32 with small sizes, once per NVML GPU, so every GPU still gets

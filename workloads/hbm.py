@@ -7,8 +7,8 @@ Two kernels over large buffers, each timed per iteration after a warm-up, median
 
 GB/s = bytes / t_median / 1e9. Buffers should be much larger than the last-level cache
 (H100: 50 MB of L2; default 1 GiB per buffer on a GPU, 256 MiB on the CPU). On a GPU the
-figure is compared with the datasheet bandwidth of the product (``PEAK_HBM_TBPS`` in
-matmul.py, keyed by the name torch/NVML reports; ``--product`` overrides the name), and
+figure is compared with the datasheet bandwidth of the product (gpuproof's product catalog,
+``peaks.hbmTBps``: datasheet.py, by the name torch/NVML reports; ``--product`` overrides the name), and
 the SM clock and clock-event reasons NVML saw during each kernel are reported as for
 matmul. On the CPU the figure is the host's memory bandwidth (one process, ``--threads``
 threads) and there is no datasheet ratio unless ``--product`` names one.

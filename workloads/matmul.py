@@ -11,7 +11,8 @@ For each dtype (fp32, tf32, bf16, fp16; fp8 on compute capability >= 8.9) and si
    CPU) and report the median: TFLOPS = 2*M*N*K / t_median / 1e12;
 4. check correctness once per dtype at ``--check-size`` against a float64 reference
    computed on the CPU from the same (already rounded) inputs;
-5. on a GPU, compare with the datasheet dense peak of the product (table below) and
+5. on a GPU, compare with the datasheet dense peak of the product (gpuproof's product
+   catalog, ``peaks``: datasheet.py) and
    report the SM clock and clock-event (throttle) reasons NVML saw during the run;
 6. with NVML clocks, also the efficiency at the clock it ran (``ratio_to_peak_at_clock``):
    TFLOPS / (peak x mean SM clock / max SM clock). A GPU at its power cap shows a low
@@ -26,39 +27,13 @@ efficiency are one measurement; apart they would only import each other.
 
 from __future__ import annotations
 
-import re
 import sys
 
+import datasheet
 import nvml_sampler
 import workload_common as common
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
-
-# Datasheet dense peak TFLOPS (no sparsity). None: the product has no such mode.
-PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
-    "H100 SXM":  {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-    "H100 PCIe": {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0, "fp8": 1513.0},
-    "H200":      {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
-    "A100":      {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0, "fp8": None},
-    "L40S":      {"fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0, "fp8": 733.0},
-    "L4":        {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0, "fp8": 242.0},
-    "T4":        {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0, "fp8": None},
-    "V100 SXM2": {"fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0, "fp8": None},
-    "V100 PCIe": {"fp32": 14.0, "tf32": None, "bf16": None, "fp16": 112.0, "fp8": None},
-}
-
-# Datasheet memory (HBM / GDDR) bandwidth in TB/s (1e12 bytes/s), keyed by hbm_key(). Used by hbm.py.
-PEAK_HBM_TBPS: dict[str, float] = {
-    "H100 SXM": 3.35,
-    "H100 PCIe": 2.0,
-    "H200": 4.8,
-    "B200": 8.0,
-    "A100 80GB": 2.04,
-    "A100 40GB": 1.56,
-    "L40S": 0.864,
-    "L4": 0.30,
-    "T4": 0.32,
-}
 
 # Relative Frobenius-norm error allowed against the float64 reference at --check-size.
 # Inputs are rounded to the dtype first, so this measures the product, not the inputs.
@@ -66,54 +41,19 @@ TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "bf16": 1.5e-2, "fp16": 5e-3, "fp8": 2e
 
 
 def peak_key(name: str) -> str | None:
-    """Map a CUDA device name or a GFD product label to a PEAK_TFLOPS key.
-
-    'NVIDIA H100 80GB HBM3' and 'NVIDIA-H100-80GB-HBM3' -> 'H100 SXM';
-    'NVIDIA H100 PCIe' -> 'H100 PCIe'; 'Tesla-T4' -> 'T4'. Unknown products (and
-    variants with other peaks, such as H100/H200 NVL) -> None.
-    """
-    n = " " + re.sub(r"[-_]+", " ", name.upper()) + " "
-    n = re.sub(r" (MIG|SHARED) .*$", " ", n)  # GFD suffixes: -MIG-1g.10gb, -SHARED
-    if " NVL " in n:
-        return None
-    if "H100" in n:
-        return "H100 PCIe" if "PCIE" in n else "H100 SXM"
-    if "H200" in n:
-        return "H200"
-    if "A100" in n:
-        return "A100"
-    if "L40S" in n:
-        return "L40S"
-    if re.search(r"\bL4\b", n):
-        return "L4"
-    if re.search(r"\bT4\b", n):
-        return "T4"
-    if "V100" in n and "V100S" not in n:
-        return "V100 PCIe" if "PCIE" in n else "V100 SXM2"
-    return None
+    """The name of a product's datasheet dense peak TFLOPS ('NVIDIA H100 80GB HBM3', 'NVIDIA-H100-80GB-HBM3' ->
+    'H100 SXM'), from gpuproof's product catalog (datasheet.py); None for a product it has no figures for."""
+    return datasheet.tflops_key(name)
 
 
 def hbm_key(name: str) -> str | None:
-    """Map a CUDA device name or GFD product label to a PEAK_HBM_TBPS key.
-
-    Like :func:`peak_key`, plus B200, and A100 split by memory size (80GB / 40GB; an
-    A100 name without a size -> None). NVL variants and unknown products -> None.
-    """
-    n = " " + re.sub(r"[-_]+", " ", name.upper()) + " "
-    n = re.sub(r" (MIG|SHARED) .*$", " ", n)
-    if " NVL " in n:
-        return None
-    if re.search(r"\bB200\b", n):
-        return "B200"
-    if "A100" in n:
-        return "A100 80GB" if "80GB" in n else "A100 40GB" if "40GB" in n else None
-    key = peak_key(name)
-    return key if key in PEAK_HBM_TBPS else None
+    """The name of a product's datasheet memory bandwidth (catalog ``peaks.hbmTBps``), or None."""
+    return datasheet.hbm_key(name)
 
 
 def peak_hbm_tbps(name: str) -> float | None:
-    key = hbm_key(name)
-    return PEAK_HBM_TBPS[key] if key else None
+    """A product's datasheet memory bandwidth in TB/s (1e12 bytes/s), or None. Used by hbm.py and census.py."""
+    return datasheet.peak_hbm_tbps(name)
 
 
 def efficiency_at_clock(tflops_value: float | None, peak: float | None, sm_clock_mean: float | None,
@@ -130,8 +70,8 @@ def efficiency_at_clock(tflops_value: float | None, peak: float | None, sm_clock
 
 
 def peak_tflops(name: str, dtype: str) -> float | None:
-    key = peak_key(name)
-    return PEAK_TFLOPS[key].get(dtype) if key else None
+    """A product's datasheet dense peak TFLOPS (no sparsity) for a dtype; None: unknown, or no such mode."""
+    return datasheet.peak_tflops(name, dtype)
 
 
 def tflops(m: int, n: int, k: int, seconds: float) -> float:

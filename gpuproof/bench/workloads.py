@@ -1,7 +1,9 @@
 """Kubernetes manifests (plain dicts) that run the workloads of ``workloads/`` in a cluster.
 
 The workload files travel as one ConfigMap (keys = file names) mounted at
-``/gpuproof/workloads`` in a stock PyTorch CUDA image, so no custom image is needed.
+``/gpuproof/workloads`` in a stock PyTorch CUDA image, so no custom image is needed;
+gpuproof's product catalog travels with them as ``catalog.json`` (the datasheet peaks the
+benchmarks compare with: ``workloads/datasheet.py``).
 ``pynvml.py`` from the local nvidia-ml-py is added to the ConfigMap when available,
 because stock PyTorch images do not ship it (the sampler and probe degrade gracefully
 without it).
@@ -38,6 +40,7 @@ RDZV_PORT = 29500
 INFERENCE_PORT = 8000
 HEALTH_PATH = "/healthz"          # the inference server's readiness endpoint
 SHIPPED_SUFFIXES = (".py", ".md")
+CATALOG_JSON = "catalog.json"     # the product catalog beside the workloads (workloads/datasheet.py reads it)
 MAX_CONFIGMAP_BYTES = 1_000_000   # the API server refuses objects over ~1 MiB
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -69,10 +72,23 @@ def import_workload(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
-def workload_files(include_pynvml: bool = True) -> dict[str, str]:
-    """File name -> text of every shipped workload file (and pynvml.py when asked and found)."""
+def catalog_json(path: str | Path | None = None) -> str:
+    """gpuproof's product catalog (``gpuproof/catalog.yaml``, or ``path``) as the workloads read it in a pod:
+    JSON (workloads/datasheet.py), since a stock PyTorch image need not have PyYAML."""
+    import yaml
+
+    from .. import catalog
+
+    data = yaml.safe_load(Path(path or catalog.CATALOG_FILE).read_text(encoding="utf-8"))
+    return json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def workload_files(include_pynvml: bool = True, catalog: str | Path | None = None) -> dict[str, str]:
+    """File name -> text of every shipped workload file, the product catalog as ``catalog.json`` (its datasheet
+    peaks; ``catalog``: another catalog file than gpuproof's), and pynvml.py when asked and found."""
     files = {p.name: p.read_text(encoding="utf-8") for p in sorted(workloads_dir().iterdir())
              if p.is_file() and p.suffix in SHIPPED_SUFFIXES}
+    files[CATALOG_JSON] = catalog_json(catalog)
     if include_pynvml:
         try:
             import pynvml

@@ -39,16 +39,16 @@ from pathlib import Path
 
 import yaml
 
+from .. import catalog
 from ..errors import ControlPlaneError
 from ..vocab import LABELS_BY, RESOURCES_BY
 from .nvidia import MOCK_MAX_GPUS, NodeSoftware, klog_error
 
 MODEL = "gpuproof model"
-# NVIDIA's mock GPU profile each product family starts from (the values that matter are then set)
+# NVIDIA's mock GPU profile each product family starts from (the values that matter are then set), for a product
+# whose catalog entry names none (catalog.yaml's mockNvml)
 _BASE_PROFILE = {"turing": "t4", "volta": "t4", "ampere": "a100", "ada-lovelace": "l40s", "hopper": "h100",
                  "blackwell": "b200"}
-_PROFILE_BY_PRODUCT = {"Tesla-T4": "t4", "NVIDIA-L40S": "l40s", "NVIDIA-H100-80GB-HBM3": "h100",
-                       "NVIDIA-A100-SXM4-40GB": "a100", "NVIDIA-B200": "b200", "NVIDIA-GB200": "gb200"}
 _MOCK_ARCH = {"ada-lovelace": "ada_lovelace"}
 
 
@@ -82,7 +82,8 @@ def mock_config(sw: NodeSoftware, gpu, *, seed: str, failures: dict[int, str] | 
                                 f"{gpu.count}x {gpu.product} cannot be simulated")
     from .slices import nvml_name
 
-    profile = _PROFILE_BY_PRODUCT.get(gpu.product) or _BASE_PROFILE.get(gpu.family, "h100")
+    known = catalog.lookup(gpu.product)
+    profile = (known.mock_nvml if known is not None else "") or _BASE_PROFILE.get(gpu.family, "h100")
     cfg = yaml.safe_load((sw.profiles / f"mock-nvml-config-{profile}.yaml").read_text())
     cmaj, cmin = (gpu.cuda_version.split(".") + ["0"])[:2]
     cfg["system"].update({"driver_version": gpu.driver_version, "nvml_version": f"{cmaj}.{gpu.driver_version}",
