@@ -179,15 +179,18 @@ def _run(test: str, gpu_node, run, target, discovery, check, fanout, request) ->
 # no places_pods mark: it would leave DRA-only nodes out (needs_real_gpus leaves out the nodes unfit for pods)
 @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
 @pytest.mark.creates("ResourceClaimTemplate", TEMPLATE, note="DRA-only nodes")
+@pytest.mark.conformance("secure_accelerator_access", guard=True)    # EnvVarIsolationTest failing fails it too
 class TestSecureAcceleratorAccess:
     """Named after the upstream test, so its JUnit cases read TestSecureAcceleratorAccess/<subtest>."""
 
+    @pytest.mark.conformance("secure_accelerator_access", checks=(CHECKS["PositiveAccessTest"],))
     @for_nodes(grants)
     @pytest.mark.creates("Pod", "access-pos-{node}", requests="1 GPU, or a claim from access-one", note="access.py")
     def test_PositiveAccessTest(self, gpu_node, run, target, discovery, check, needs_real_gpus, fanout, request):
         """GPU nodes that grant GPUs to pods (an extended resource, or NVIDIA's DRA driver's devices)"""
         _run("PositiveAccessTest", gpu_node, run, target, discovery, check, fanout, request)
 
+    @pytest.mark.conformance("secure_accelerator_access", checks=(CHECKS["NegativeIsolationTest"],))
     @for_nodes(grants)
     @pytest.mark.creates("Pod", "access-neg-{node}", requests="none", note="access.py, pinned to the node")
     def test_NegativeIsolationTest(self, gpu_node, run, target, discovery, check, needs_real_gpus, fanout, request):
@@ -198,6 +201,7 @@ class TestSecureAcceleratorAccess:
     def test_EnvVarIsolationTest(self, gpu_node, run, target, discovery, check, needs_real_gpus, fanout, request):
         _run("EnvVarIsolationTest", gpu_node, run, target, discovery, check, fanout, request)
 
+    @pytest.mark.conformance("secure_accelerator_access", checks=(CHECKS["MultiContainerIsolationTest"],))
     @for_nodes(grants)
     @pytest.mark.creates("Pod", "access-two-{node}", requests="1 GPU (or a claim) for its first container only",
                          note="two containers")

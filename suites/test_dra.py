@@ -22,6 +22,7 @@ from gpuproof.plugin.checks import for_nodes
 from gpuproof.plugin.checks import TOLERATE_ALL, pod, pod_outcome, pod_settled, settled
 
 FEATURE = "dra"
+SHARING = "DRA: MIG devices by profile and shared claims"     # the part of gpu_sharing this suite's markers name
 GPU_TYPE = f"device.attributes['{dra.DRIVER}'].type"
 
 
@@ -225,6 +226,7 @@ def test_cel_selectors_choose_by_attribute(discovery, run, scratch, target, chec
 @pytest.mark.creates("Pod", "share-a, share-b", 2, on="any", requests="the shared claim")
 @pytest.mark.creates("ResourceClaimTemplate", "own-gpu")
 @pytest.mark.creates("Pod", "own-<i>", "up to 4", on="any", requests="a claim each from own-gpu")
+@pytest.mark.conformance("gpu_sharing", name=SHARING, checks=("dra-shared-claim",))
 def test_shared_claim_and_per_pod_claims(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-shared-claim")
     churn = _churn(discovery, target, run)
@@ -282,6 +284,7 @@ def test_two_devices_with_match_attribute(discovery, run, scratch, target, check
 @pytest.mark.creates("Pod", "mig-<i>", "one per published MIG profile", on="any", requests="a claim from mig-<i>")
 @pytest.mark.creates("ResourceClaimTemplate", "mig-absent", note="a profile no node has")
 @pytest.mark.creates("Pod", "mig-absent", on="any", requests="a claim from mig-absent", note="stays Pending")
+@pytest.mark.conformance("gpu_sharing", name=SHARING, checks=("dra-mig-*",))
 def test_mig_devices_by_profile(discovery, run, scratch, target, check):
     _need_dra(discovery, check, "dra-mig-placement")
     churn = _churn(discovery, target, run)

@@ -105,9 +105,13 @@ def _unadvertised(node, sources: dict) -> str:
 
 
 @for_nodes(described)
+@pytest.mark.conformance("driver_runtime_management", guard=True)
 class TestAcceleratorDriverRuntimeManagement:
     """Named after the upstream test, so its JUnit cases read TestAcceleratorDriverRuntimeManagement/<subtest>."""
 
+    # a node that advertises nothing only warns (as upstream's subtest does): no mechanism shown, no pass
+    @pytest.mark.conformance("driver_runtime_management", checks=("driver-version-advertised",),
+                             require=("driver-version-advertised",))
     def test_VerifiableMechanismExposed(self, gpu_node, check, needs_real_gpus):
         """The node advertises its driver version (GFD cuda.* labels or DRA driverVersion); a warning where it does
         not, as upstream's subtest warns, and the test skips: a warning alone shows nothing."""
@@ -122,6 +126,8 @@ class TestAcceleratorDriverRuntimeManagement:
         check.record("driver-version-advertised", "pass", expected="GFD cuda.* labels or DRA driverVersion",
                      actual="; ".join(f"{s.source}={s.value}" for kind in CHECKS for s in sources[kind]))
 
+    @pytest.mark.conformance("driver_runtime_management", checks=(CHECKS["driver"], CHECKS["cuda"]),
+                             require=(CHECKS["driver"],))
     @pytest.mark.creates("ConfigMap", "gpuproof-workloads")
     @pytest.mark.creates("Pod", "driver-probe-{node}-0", requests="1 GPU (device plugin)", note="probe")
     @pytest.mark.creates("ResourceClaimTemplate", "driver-probe-one", note="DRA-only nodes")

@@ -17,7 +17,8 @@ from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, mig_device_checks, po
                                     used_on)
 
 FEATURE = "mig"
-pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
+pytestmark = [pytest.mark.device_plugin,     # DRA-only nodes: see test_dra.py
+              pytest.mark.conformance("gpu_sharing", name="MIG", checks=("*",))]
 
 
 def mixed(n):

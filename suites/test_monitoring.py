@@ -234,11 +234,14 @@ def record(check, findings, names: tuple[str, ...]) -> None:
             check.true(f.check, f.verdict == "pass", f.expected, f.actual, what=what)
 
 
+@pytest.mark.conformance("accelerator_metrics", guard=True)
 class TestAcceleratorPerformanceMetrics:
     """Named after the upstream test (accelerator_metrics), so its JUnit cases read
     TestAcceleratorPerformanceMetrics/<subtest>, one per GPU node: upstream reads one endpoint, gpuproof every GPU
     node's exporter. Upstream's OptionalMetrics (temperature, power, interconnect) is only logged there: not here."""
 
+    @pytest.mark.conformance("accelerator_metrics",
+                             checks=("dcgm-exporter-ready", "dcgm-metrics-read", "dcgm-metrics-parse"))
     def test_MetricsEndpointReachable(self, needs_real_gpus, gpu_node, target, exporters, request, check):
         """One Ready exporter pod on the GPU node; its /metrics read through the API server's pod proxy parses."""
         node = gpu_node
@@ -261,10 +264,12 @@ class TestAcceleratorPerformanceMetrics:
                      f"{info.get('releases')}; driver {info.get('driver') or '?'}")
         record(check, findings_of(node, text, found.pod, exporters), ("dcgm-metrics-parse",))
 
+    @pytest.mark.conformance("accelerator_metrics", checks=("dcgm-gpu-utilization",))
     def test_PerAcceleratorUtilizationMetric(self, needs_real_gpus, gpu_node, target, exporters, request, check):
         """Every GPU of the node has a utilization series (MIG GPUs: a profiling series per instance)."""
         record(check, judged(request, gpu_node, target, exporters), ("dcgm-gpu-utilization",))
 
+    @pytest.mark.conformance("accelerator_metrics", checks=("dcgm-gpu-memory",))
     def test_PerAcceleratorMemoryMetric(self, needs_real_gpus, gpu_node, target, exporters, request, check):
         """Every GPU of the node has a framebuffer series."""
         record(check, judged(request, gpu_node, target, exporters), ("dcgm-gpu-memory",))
@@ -582,6 +587,7 @@ def service_counter(server: prom.Prometheus, served: Served, after: float | None
     return result, targets
 
 
+@pytest.mark.conformance("ai_service_metrics", checks=("ai-service-metrics",))
 class TestAIServiceMetrics:
     """Named after the upstream test (ai_service_metrics), which has no subtests: its JUnit case reads
     TestAIServiceMetrics/inference_server_metrics_reach_prometheus."""

@@ -17,7 +17,8 @@ from gpuproof.plugin.checks import (TOLERATE_ALL, free_on, name_on, pod, pod_out
                                     settled, shared_gpu_check, used_on)
 
 FEATURE = "timeslicing"
-pytestmark = pytest.mark.device_plugin      # DRA-only nodes: see test_dra.py
+pytestmark = [pytest.mark.device_plugin,     # DRA-only nodes: see test_dra.py
+              pytest.mark.conformance("gpu_sharing", name="time-slicing", checks=("*",), require=("co-running",))]
 MAX_PODS = 64
 
 

@@ -6,6 +6,7 @@ the shape pytest writes (xunit2: testsuites/testsuite/testcase with classname an
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from xml.sax.saxutils import quoteattr
@@ -15,8 +16,8 @@ import yaml
 
 from gpuproof.cli.main import main
 from gpuproof.errors import GpuproofError
+from gpuproof.report import conformance
 from gpuproof.report.conformance import (
-    ACCESS_CHECKS,
     CHECKLISTS,
     PRODUCT_MD,
     PRODUCT_YAML,
@@ -31,6 +32,7 @@ from gpuproof.report.conformance import (
 from gpuproof.results import CheckRecord, RunDir
 
 SUITES = Path(__file__).resolve().parents[1] / "suites"
+CHECKLIST_1_37_SHA256 = "8d56838e47e17e4ba6a5e013f16f6711a6f4180b8545cd908199231f43fa8f96"
 ACCESS = ("PositiveAccessTest", "NegativeIsolationTest", "MultiContainerIsolationTest")
 FULL_META = {"websiteUrl": "https://acme.example/k8s", "documentationUrl": "https://acme.example/docs",
              "productLogoUrl": "https://acme.example/logo.svg", "description": "Acme's Kubernetes service.",
@@ -119,11 +121,21 @@ def test_the_1_37_checklist_as_the_reference_lists_it():
         assert bool(r.parts) != bool(r.untested), f"{r.id}: parts or a reason it is untested, one of the two"
 
 
-def test_the_table_names_only_features_and_checks_the_suites_have():
-    """Drift guard: a feature or check renamed in suites/ must be renamed in the table (the monitoring suite's
-    checks on an exporter's output are named where they are judged, gpuproof/discovery/monitoring.py)."""
-    judged_in = [SUITES.parent / "gpuproof" / "discovery" / "monitoring.py"]
-    text = "\n".join(p.read_text() for p in [*SUITES.glob("test_*.py"), *judged_in])
+def without_markers(path: Path) -> str:
+    """A suite's source with its conformance markers cut out (a check a marker names must be named elsewhere)."""
+    text = path.read_text()
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "conformance"]
+    for call in calls:
+        text = text.replace(ast.get_source_segment(text, call), "")
+    return text
+
+
+def test_the_markers_name_only_features_and_checks_the_suites_have():
+    """Drift guard: a feature or check renamed in suites/ must be renamed in its conformance marker (the monitoring
+    suite's checks on an exporter's output are named where they are judged, gpuproof/discovery/monitoring.py)."""
+    judged_in = SUITES.parent / "gpuproof" / "discovery" / "monitoring.py"
+    text = "\n".join([*(without_markers(p) for p in SUITES.glob("test_*.py")), judged_in.read_text()])
     features = set(re.findall(r'^FEATURE = "([a-z_]+)"', text, re.M))
     parts = [p for reqs in CHECKLISTS.values() for r in reqs for p in r.parts]
     assert {p.feature for p in parts if p.feature} - features == set()
@@ -137,6 +149,73 @@ def test_the_table_names_only_features_and_checks_the_suites_have():
                 assert (SUITES / f"{module}.py").is_file(), anchor
                 if "::" in anchor:
                     assert f"def {anchor.split('::')[1]}(" in (SUITES / f"{module}.py").read_text(), anchor
+
+
+def test_the_checklist_is_upstreams_file_as_published():
+    """checklists/AIConformance-1.37.yaml is cncf/k8s-ai-conformance's docs/AIConformance-1.37.yaml at the commit
+    SOURCES.md names, byte for byte (its size and digest pinned here); every requirement gpuproof judges has upstream's
+    words, read from it."""
+    import hashlib
+
+    folder = Path(conformance.__file__).with_name("checklists")
+    data = (folder / "AIConformance-1.37.yaml").read_bytes()
+    assert len(data) == 8918 and not data.endswith(b"\n")
+    assert hashlib.sha256(data).hexdigest() == CHECKLIST_1_37_SHA256
+    sources = (folder / "SOURCES.md").read_text()
+    assert "`AIConformance-1.37.yaml` | [cncf/k8s-ai-conformance]" in sources
+    assert "`docs/AIConformance-1.37.yaml` | `287b44f07bb56bc916f6e2191359d44408a65a84`" in sources
+    upstream = yaml.safe_load(data)
+    assert upstream["metadata"]["kubernetesVersion"] == "v1.37"
+    words = {r["id"]: (section, r["level"], r["description"]) for section, items in upstream["spec"].items()
+             for r in items}
+    assert {r.id: (r.section, r.level, r.description) for r in CHECKLISTS["1.37"]} == words
+    assert [r.id for r in CHECKLISTS["1.37"]] == list(words)
+
+
+def test_the_mapping_is_the_suites_markers():
+    """Which tests give evidence for a requirement is declared on the tests; the parts in the suites' file order."""
+    reqs = {r.id: r for r in CHECKLISTS["1.37"]}
+    access = reqs["secure_accelerator_access"]
+    assert [(p.name, p.junit, p.feature) for p in access.parts] == [
+        (s, (f"TestSecureAcceleratorAccess/{s}",), "access") for s in ACCESS]
+    assert access.guard == ("TestSecureAcceleratorAccess",) and access.need == "all"
+    sharing = reqs["gpu_sharing"]
+    assert sharing.need == "any" and sharing.guard == ()
+    assert [(p.name, p.junit, p.feature, p.checks, p.require) for p in sharing.parts] == [
+        ("DRA: MIG devices by profile and shared claims",
+         ("suites.test_dra::test_shared_claim_and_per_pod_claims", "suites.test_dra::test_mig_devices_by_profile"),
+         "dra", ("dra-shared-claim", "dra-mig-*"), ()),
+        ("MIG", ("suites.test_mig",), "mig", ("*",), ()),
+        ("time-slicing", ("suites.test_timeslicing",), "timeslicing", ("*",), ("co-running",))]
+    service = reqs["ai_service_metrics"]
+    assert [(p.name, p.junit, p.checks) for p in service.parts] == [
+        ("TestAIServiceMetrics", ("TestAIServiceMetrics",), ("ai-service-metrics",))]
+    drm = reqs["driver_runtime_management"]
+    assert [(p.name, p.checks, p.require) for p in drm.parts] == [
+        ("VerifiableMechanismExposed", ("driver-version-advertised",), ("driver-version-advertised",)),
+        ("DriverAndRuntimeCompatibility", ("driver-version-in-pod", "cuda-driver-version-in-pod"),
+         ("driver-version-in-pod",))]
+    assert {rid for rid, r in reqs.items() if r.parts} == {
+        "driver_runtime_management", "gpu_sharing", "accelerator_metrics", "ai_service_metrics",
+        "secure_accelerator_access"}
+
+
+def test_a_marker_that_cannot_be_read_or_names_no_requirement_is_refused(tmp_path):
+    folder = Path(conformance.__file__).with_name("checklists")
+    (tmp_path / "test_x.py").write_text(
+        'import pytest\nFEATURE = "x"\n\n@pytest.mark.conformance("gpu_sharng", checks=("a",))\ndef test_a(): pass\n')
+    with pytest.raises(GpuproofError, match=r"test_x.py:4: conformance marker names 'gpu_sharng', a requirement of "
+                                            r"no checklist gpuproof has \(1.37\)"):
+        conformance.checklists(folder, tmp_path)
+    (tmp_path / "test_x.py").write_text(
+        'import pytest\nFEATURE = "x"\n\n@pytest.mark.conformance("gpu_sharing", checks=names())\ndef test_a(): pass\n')
+    with pytest.raises(GpuproofError, match=r"test_x.py:4: a conformance marker takes literals and the module's"):
+        conformance.checklists(folder, tmp_path)
+    (tmp_path / "test_x.py").write_text(
+        'import pytest\n\nclass TestX:\n    @pytest.mark.conformance("gpu_sharing", name="mine")\n'
+        '    def test_a(self): pass\n')
+    sharing = {r.id: r for r in conformance.checklists(folder, tmp_path)["1.37"]}["gpu_sharing"]
+    assert sharing.parts == (conformance.Part("mine", ("TestX/a",)),)
 
 
 def test_unknown_version_is_refused():
@@ -239,7 +318,9 @@ def test_the_access_suites_own_cases_and_records_judge_the_requirement(tmp_path)
     spec = importlib.util.spec_from_file_location("gpuproof_suite_access", SUITES / "test_access.py")
     suite = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(suite)
-    assert ACCESS_CHECKS == {k: v for k, v in suite.CHECKS.items() if k in ACCESS}
+    access_parts = {p.name: p.checks for r in CHECKLISTS["1.37"] if r.id == "secure_accelerator_access"
+                    for p in r.parts}
+    assert access_parts == {k: (v,) for k, v in suite.CHECKS.items() if k in ACCESS}
     cls = "suites.test_access.TestSecureAcceleratorAccess"
 
     def run(env_verdict: str, name: str) -> dict:

@@ -106,7 +106,8 @@ def test_wheel_holds_what_run_and_bench_need(wheel):
         files = {p.name for p in (REPO / folder).iterdir() if p.suffix in (".py", ".md")}
         assert files and {f"{wheel_folder}/{f}" for f in files} <= names, f"{folder}/ not all in the wheel"
     for f in ("gpuproof/sim/fleets/minimal.yaml", "gpuproof/sim/fleets/mixed.yaml", "gpuproof/cli/suites.ini",
-              "gpuproof/report/report.js", "gpuproof/report/report.css", "gpuproof/__main__.py"):
+              "gpuproof/report/report.js", "gpuproof/report/report.css", "gpuproof/__main__.py",
+              "gpuproof/report/checklists/AIConformance-1.37.yaml", "gpuproof/report/checklists/SOURCES.md"):
         assert f in names, f
     # every package of the checkout (pyproject lists them by hand) is in the wheel
     packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "gpuproof").rglob("__init__.py")}

@@ -69,6 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "predicate(node) holds (a GpuNode; its docstring names them in the skip "
                                        "reason when none do): @pytest.mark.gpu_nodes.with_args(predicate), or "
                                        "gpuproof.plugin.checks.for_nodes(predicate)")
+    from ..report.conformance import MARKER_HELP
+
+    config.addinivalue_line("markers", MARKER_HELP)
     from .providers import install
 
     install(config, get_target(config))

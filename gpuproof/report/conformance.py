@@ -1,24 +1,38 @@
 """Kubernetes AI Conformance evidence from a finished run: ``PRODUCT.yaml`` and ``PRODUCT.md`` for a checklist.
 
-Long: the checklist's text, the one table that maps its requirements to gpuproof's checks, the judging, the two
-renderings and the rules a submission must pass belong together; split, the table and its readers would drift.
+Long: the checklist's reading, the mapping of its requirements to gpuproof's checks, the judging, the two
+renderings and the rules a submission must pass belong together; split, the mapping and its readers would drift.
+
+Data, not retyped here: each checklist is upstream's template file as published (``checklists/``, its source in
+``checklists/SOURCES.md``), and which of gpuproof's tests give evidence for a requirement is declared where the
+test is, by a marker read from the suites' source (:func:`suite_markers`; nothing is imported)::
+
+    @pytest.mark.conformance("secure_accelerator_access", guard=True)       # the upstream test's name
+    class TestSecureAcceleratorAccess:
+        @pytest.mark.conformance("secure_accelerator_access", checks=(CHECKS["PositiveAccessTest"],))
+        def test_PositiveAccessTest(...): ...
+
+    pytestmark = pytest.mark.conformance("gpu_sharing", name="MIG", checks=("*",))   # a whole suite module
 
 How a requirement gets its status (:func:`judge`):
 
-- :data:`CHECKLISTS` holds each checklist version's requirements (section, id, level, description as the CNCF
-  template words it) and, per requirement, the gpuproof evidence that can establish it: its *parts*. A part names
-  JUnit anchors (the upstream Go test names gpuproof's cases are named after, or a suite module's JUnit classname)
-  and a gpuproof feature with check-name patterns (records of ``checks.jsonl``). A part *passed* when something it
-  names passed and nothing failed; *failed* when a check record failed or a JUnit case failed or errored; *skipped*
-  when it ran only as skips or warnings; *absent* when the run holds nothing it names.
+- :func:`checklists` gives each checklist version's requirements (section, id, level, description as the CNCF
+  template words it) and, per requirement, the gpuproof evidence that can establish it: its *parts*, one per
+  marker (markers of one requirement with the same ``name`` are one part). A part names JUnit anchors (where its
+  marker is: ``TestX/Sub`` for a method ``test_Sub`` of a class named after the upstream test, ``TestX`` for the
+  class, ``suites.test_x::test_y`` for a function, ``suites.test_x`` for a module) and the suite's feature
+  (``FEATURE``) with check-name patterns (``checks``: records of ``checks.jsonl``; ``require``: those that must
+  have passed). A part *passed* when something it names passed and nothing failed; *failed* when a check record
+  failed or a JUnit case failed or errored; *skipped* when it ran only as skips or warnings; *absent* when the run
+  holds nothing it names.
 - A requirement whose parts are all needed (``need="all"``) is Implemented when every part passed; one that any
-  strategy satisfies (``need="any"``, gpu_sharing) when one part passed. Any failed part makes it Not Implemented,
-  whatever else passed, and so does a failed JUnit case under the requirement's ``guard`` anchors (the
-  upstream test's name) that no part names. Anything else (skipped only, absent, only some parts) leaves the
-  status empty, with notes that say what ran and what did not: gpuproof never writes Implemented for what the run
-  did not show.
-- A requirement without parts is not tested by gpuproof: its status is left empty with the reason, for the
-  platform's own evidence.
+  strategy satisfies (``need="any"``: :data:`ANY_PART`, gpu_sharing) when one part passed. Any failed part makes it
+  Not Implemented, whatever else passed, and so does a failed JUnit case under the requirement's ``guard`` anchors
+  (markers with ``guard=True``: the upstream test's name) that no part names. Anything else (skipped only,
+  absent, only some parts) leaves the status empty, with notes that say what ran and what did not: gpuproof never
+  writes Implemented for what the run did not show.
+- A requirement without parts is not tested by gpuproof: its status is left empty with the reason
+  (:data:`UNTESTED`), for the platform's own evidence.
 
 :func:`check_product` applies the rules of the CNCF repository's CI (scripts/validate.go of
 cncf/k8s-ai-conformance) that can be applied offline, plus the evidence-anchor and PRODUCT.md rules; it
@@ -29,8 +43,11 @@ Report layer: imports the base (errors, results) and the report modules only.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import fnmatch
+import functools
 import os
 import re
 import shutil
@@ -99,184 +116,219 @@ class Requirement:
     guard: tuple[str, ...] = ()   # JUnit anchors: a failed case under one, in no part, fails the requirement too
 
 
-ACCESS_CHECKS = {"PositiveAccessTest": "access-granted-one-gpu", "NegativeIsolationTest": "access-ungranted-none",
-                 "MultiContainerIsolationTest": "access-sibling-none"}     # suites/test_access.py's CHECKS
+# ---------------------------------------------------------------------------- the checklists and the mapping
 
+CHECKLIST_DIR = Path(__file__).with_name("checklists")     # upstream's templates, as published (SOURCES.md there)
+CHECKLIST_NAME = re.compile(r"^AIConformance-(\d+\.\d+)\.yaml$")
+MARKER = "conformance"
+MARKER_HELP = ("conformance(requirement, *, checks=(), require=(), name=None, guard=False): the test is evidence for "
+               "a Kubernetes AI Conformance requirement (gpuproof conformance reads these markers from the suites' "
+               "source: gpuproof/report/conformance.py)")
 
-def _access(sub: str) -> Part:
-    """suites/test_access.py's check for the upstream subtest (feature "access") judges the part, and the JUnit case
-    named after it (``TestSecureAcceleratorAccess::test_<sub>[<node>]``)."""
-    return Part(sub, junit=(f"TestSecureAcceleratorAccess/{sub}",), feature="access", checks=(ACCESS_CHECKS[sub],))
-
-
-def _driver(sub: str, checks: tuple[str, ...], require: tuple[str, ...]) -> Part:
-    """suites/test_driver.py's checks (feature "driver") judge the part, and the JUnit case named after the upstream
-    subtest (``TestAcceleratorDriverRuntimeManagement::test_<sub>[<node>]``): the node advertises its driver (GFD
-    cuda.* labels or DRA driverVersion), and NVML in a pod granted a GPU reports what it advertises."""
-    return Part(sub, junit=(f"TestAcceleratorDriverRuntimeManagement/{sub}",), feature="driver", checks=checks,
-                require=require)
-
-
-def _metrics(test: str, sub: str = "", checks: tuple[str, ...] = ()) -> Part:
-    """The monitoring suite's checks (suites/test_monitoring.py) judge the part, and its JUnit cases named after the
-    upstream test: ``TestAcceleratorPerformanceMetrics::test_<sub>[<node>]`` for a subtest, the test's class
-    (``TestAIServiceMetrics``, which has no subtests upstream) otherwise."""
-    return Part(sub or test, junit=(f"{test}/{sub}" if sub else test,), feature="monitoring", checks=checks)
-
-
-# The mapping, requirement -> gpuproof evidence, for each checklist gpuproof writes. Descriptions are the
-# checklist's own words (cncf/k8s-ai-conformance docs/AIConformance-1.37.yaml), as a submission carries them.
-CHECKLISTS: dict[str, tuple[Requirement, ...]] = {"1.37": (
-    Requirement(
-        "accelerators", "driver_runtime_management", "SHOULD",
-        "Provide a verifiable mechanism for ensuring that compatible accelerator drivers and corresponding container "
-        "runtime configurations are correctly installed and maintained on nodes with accelerators. Once the "
-        "accelerator supports exposing driver and runtime version information as part of DRA, then the platform "
-        "should use the DRA mechanism for verification.",
-        # a node that advertises nothing only warns (as upstream's subtest does): no mechanism shown, no pass
-        parts=(_driver("VerifiableMechanismExposed", ("driver-version-advertised",),
-                       require=("driver-version-advertised",)),
-               _driver("DriverAndRuntimeCompatibility", ("driver-version-in-pod", "cuda-driver-version-in-pod"),
-                       require=("driver-version-in-pod",))),
-        guard=("TestAcceleratorDriverRuntimeManagement",)),
-    Requirement(
-        "accelerators", "gpu_sharing", "SHOULD",
-        "For accelerators that support static GPU sharing, provide well-defined mechanisms for at least one GPU "
-        "sharing strategy to improve utilization for workloads that do not require a full dedicated GPU. If "
-        "hardware-level partitioning is supported, then these fractional GPU resources should be exposed as "
-        "schedulable resources. If software-based sharing (e.g. time-slicing) is supported, then oversubscription of "
-        "GPUs should be allowed. Forward-looking: Once the accelerator supports static GPU sharing as part of DRA, "
-        "the platform should expose the DRA mechanism to allow users to leverage static GPU sharing. Once the "
-        "accelerator supports dynamic GPU sharing as part of DRA and the partitionable devices feature is GA, the "
-        "platform should expose the DRA mechanism to allow users to leverage dynamic GPU sharing.",
-        parts=(
-            Part("time-slicing", junit=("suites.test_timeslicing",), feature="timeslicing", checks=("*",),
-                 require=("co-running",)),
-            Part("MIG", junit=("suites.test_mig",), feature="mig", checks=("*",)),
-            Part("DRA: MIG devices by profile and shared claims",
-                 junit=("suites.test_dra::test_mig_devices_by_profile",
-                        "suites.test_dra::test_shared_claim_and_per_pod_claims"),
-                 feature="dra", checks=("dra-mig-*", "dra-shared-claim")),
-        ), need="any"),
-    Requirement(
-        "accelerators", "virtualized_accelerator", "SHOULD",
-        "For accelerators that support virtualized accelerator technologies (e.g. vGPU), provide well-defined "
-        "mechanisms for these to be exposed and managed, maintaining consistency with physical fractional GPUs. "
-        "Forward-looking: Once the accelerator supports virtualized accelerator technologies as part of DRA, then "
-        "the platform should use the DRA mechanism.",
-        untested="gpuproof judges the names of vGPU devices a DRA driver publishes, but does not test that vGPU "
-                 "profiles are exposed and managed like fractional GPUs"),
-    Requirement(
-        "networking", "ai_inference", "MUST",
-        "Support the Kubernetes Gateway API with an implementation for advanced traffic management for inference "
-        "services, which enables capabilities like weighted traffic splitting, header-based routing (for OpenAI "
-        "protocol headers), and optional integration with service meshes.",
-        untested="gpuproof does not install or test a Gateway API implementation (its inference benchmark calls a "
-                 "server pod directly)"),
-    Requirement(
-        "networking", "advanced_inference_ingress", "SHOULD",
-        "Support an implementation of the Gateway API Inference Extension (GAIE), which can route requests to models "
-        "hosted on Kubernetes. The implementation supports serving LLMs and making advanced routing decisions (e.g., "
-        "K/V cache-aware routing) based on metrics and capabilities advertised by the underlying model serving "
-        "platform.",
-        untested="gpuproof does not test it; upstream leaves it to the Gateway API Inference Extension's own "
-                 "conformance suite"),
-    Requirement(
-        "networking", "high_performance_networking", "SHOULD",
-        "If high performance pod-to-pod communication is needed, then provide well-defined mechanisms for these "
-        "specialized network resources to be managed and exposed such that their characteristics should be "
-        "discoverable to enable informed scheduling or workload configuration and to enable pods to attach to "
-        "multiple network interfaces. Platforms should use DRA as the mechanism to manage and expose these "
-        "specialized network resources (e.g., DRANET).",
-        untested="gpuproof's all-reduce benchmark measures bandwidth between pods, but gpuproof does not test how "
-                 "network devices are exposed (DRA, several interfaces per pod)"),
-    Requirement(
-        "networking", "disaggregated_inference", "SHOULD",
-        "Support the deployment and operation of disaggregated inference architectures. To be conformant, the "
-        "platform should demonstrate that it can successfully install and run a disaggregated inference solution "
-        "(e.g., vLLM, SGLang, llm-d, or Dynamo, with separate instances for distinct phases like prefill and "
-        "decode). Disaggregated serving splits phases such as prefill and decode into separately scalable components "
-        "so each phase can match different compute/memory/network needs, improving GPU utilization and tail latency "
-        "while enabling higher throughput under mixed and bursty LLM workloads.",
-        untested="gpuproof does not deploy a disaggregated inference solution"),
-    Requirement(
-        "schedulingOrchestration", "gang_scheduling", "MUST",
-        "The platform must allow for the installation and successful operation of at least one gang scheduling "
-        "solution that ensures all-or-nothing scheduling for distributed AI workloads (e.g. Kueue, Volcano, etc.) To "
-        "be conformant, the vendor must demonstrate that their platform can successfully run at least one such "
-        "solution.",
-        untested="gpuproof does not test a gang scheduler (its preemption and quota checks are not all-or-nothing "
-                 "scheduling); upstream's TestGangScheduling needs one installed"),
-    Requirement(
-        "schedulingOrchestration", "cluster_autoscaling", "MUST",
-        "If the platform provides a cluster autoscaler or an equivalent mechanism, it must be able to scale up/down "
-        "node groups containing specific accelerator types based on pending pods requesting those accelerators.",
-        untested="gpuproof never changes a cluster's size; upstream's TestAcceleratorClusterAutoscaling needs a node "
-                 "pool that scales"),
-    Requirement(
-        "schedulingOrchestration", "pod_autoscaling", "MUST",
-        "If the platform supports the HorizontalPodAutoscaler, it must function correctly for pods utilizing "
-        "accelerators. This includes the ability to scale these Pods based on custom metrics relevant to AI/ML "
-        "workloads.",
-        untested="gpuproof does not test the HorizontalPodAutoscaler"),
-    Requirement(
-        "observability", "accelerator_metrics", "MUST",
-        "For supported accelerator types, the platform must allow for the installation and successful operation of "
-        "at least one accelerator metrics solution that exposes fine-grained performance metrics via a standardized, "
-        "machine-readable metrics endpoint. This must include a core set of metrics for per-accelerator utilization "
-        "and memory usage. Additionally, other relevant metrics such as temperature, power draw, and interconnect "
-        "bandwidth should be exposed if the underlying hardware or virtualization layer makes they available. The "
-        "list of metrics should align with emerging standards, such as OpenTelemetry metrics, to ensure "
-        "interoperability. The platform may provide a managed solution, but this is not required for conformance.",
-        # upstream's OptionalMetrics is only logged there, so not a part; the exporter's host label is gpuproof's own
-        # check (test_exporter_names_the_node_on_its_series), under no upstream name: it does not judge this
-        parts=(_metrics("TestAcceleratorPerformanceMetrics", "MetricsEndpointReachable",
-                        ("dcgm-exporter-ready", "dcgm-metrics-read", "dcgm-metrics-parse")),
-               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorUtilizationMetric",
-                        ("dcgm-gpu-utilization",)),
-               _metrics("TestAcceleratorPerformanceMetrics", "PerAcceleratorMemoryMetric", ("dcgm-gpu-memory",))),
-        guard=("TestAcceleratorPerformanceMetrics",)),
-    Requirement(
-        "observability", "ai_service_metrics", "MUST",
-        "Provide a monitoring system capable of discovering and collecting metrics from workloads that expose them in "
-        "a standard format (e.g. Prometheus exposition format). This ensures easy integration for collecting key "
-        "metrics from common AI frameworks and servers.",
-        parts=(_metrics("TestAIServiceMetrics", checks=("ai-service-metrics",)),)),
-    Requirement(
-        "security", "secure_accelerator_access", "MUST",
-        "Ensure that access to accelerators from within containers is properly isolated and mediated by the "
-        "Kubernetes resource management framework (device plugin or DRA) and container runtime, preventing "
-        "unauthorized access or interference between workloads.",
-        parts=(_access("PositiveAccessTest"), _access("NegativeIsolationTest"),
-               _access("MultiContainerIsolationTest")),
-        # gpuproof's further access check under the same name (EnvVarIsolationTest: NVIDIA_VISIBLE_DEVICES=all in a
-        # pod without a grant): a failure of it fails the requirement too
-        guard=("TestSecureAcceleratorAccess",)),
-    Requirement(
-        "security", "workload_sandboxing", "SHOULD",
-        "Provide a mechanism to run workloads in a sandbox that provides strong isolation from the host node kernel. "
-        "This is crucial for AI agent use cases that may execute untrusted code. The sandbox should isolate the "
-        "workload's process, memory, filesystem, and network access from the host node and other co-located pods.",
-        untested="gpuproof does not test sandboxed runtimes (gVisor, Kata)"),
-    Requirement(
-        "operator", "robust_controller", "MUST",
-        "The platform must prove that at least one complex AI operator with a CRD (e.g., Ray, Kubeflow) can be "
-        "installed and functions reliably. This includes verifying that the operator's pods run correctly, its "
-        "webhooks are operational, and its custom resources can be reconciled.",
-        untested="gpuproof does not install or test an AI operator"),
-)}
+# gpuproof's own word on the requirements, beside the markers: where one strategy is enough, and why gpuproof
+# tests a requirement not (a requirement no test is marked for needs a reason here)
+ANY_PART = {"gpu_sharing"}          # "at least one GPU sharing strategy": one part passing is enough
+UNTESTED = {
+    "virtualized_accelerator": "gpuproof judges the names of vGPU devices a DRA driver publishes, but does not test "
+                               "that vGPU profiles are exposed and managed like fractional GPUs",
+    "ai_inference": "gpuproof does not install or test a Gateway API implementation (its inference benchmark calls a "
+                    "server pod directly)",
+    "advanced_inference_ingress": "gpuproof does not test it; upstream leaves it to the Gateway API Inference "
+                                  "Extension's own conformance suite",
+    "high_performance_networking": "gpuproof's all-reduce benchmark measures bandwidth between pods, but gpuproof "
+                                   "does not test how network devices are exposed (DRA, several interfaces per pod)",
+    "disaggregated_inference": "gpuproof does not deploy a disaggregated inference solution",
+    "gang_scheduling": "gpuproof does not test a gang scheduler (its preemption and quota checks are not "
+                       "all-or-nothing scheduling); upstream's TestGangScheduling needs one installed",
+    "cluster_autoscaling": "gpuproof never changes a cluster's size; upstream's TestAcceleratorClusterAutoscaling "
+                           "needs a node pool that scales",
+    "pod_autoscaling": "gpuproof does not test the HorizontalPodAutoscaler",
+    "workload_sandboxing": "gpuproof does not test sandboxed runtimes (gVisor, Kata)",
+    "robust_controller": "gpuproof does not install or test an AI operator",
+}
 # 1.37 has no DRA requirement (dra_support left the checklist: Kubernetes conformance covers it), so the `dra`
 # feature counts only where it shows a requirement of 1.37: sharing a GPU through DRA (gpu_sharing).
+
+
+def checklist_versions(folder: Path = CHECKLIST_DIR) -> list[str]:
+    """The checklist versions gpuproof has upstream's template of ('1.37', ...)."""
+    found = [m.group(1) for p in folder.iterdir() if (m := CHECKLIST_NAME.match(p.name))]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def read_checklist(path: Path) -> tuple[tuple[str, str, str, str], ...]:
+    """(section, id, level, description) of every requirement of an upstream checklist file, in its order."""
+    import yaml
+
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    out = []
+    for section, items in ((doc or {}).get("spec") or {}).items():
+        if section not in SECTIONS:
+            raise GpuproofError(f"{path}: section {section!r} is not one gpuproof knows ({', '.join(SECTIONS)})")
+        for item in items or []:
+            out.append((section, str(item["id"]), str(item["level"]), str(item["description"])))
+    return tuple(out)
+
+
+class _NotLiteral(Exception):
+    pass
+
+
+def _literal(node: ast.AST, consts: dict) -> Any:
+    """A marker argument's value: literals, and the module's constants by name or subscript (CHECKS["x"])."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_literal(e, consts) for e in node.elts)
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_literal(k, consts): _literal(v, consts) for k, v in zip(node.keys, node.values)}
+    if isinstance(node, ast.Name) and node.id in consts:
+        return consts[node.id]
+    if isinstance(node, ast.Subscript):
+        try:
+            return _literal(node.value, consts)[_literal(node.slice, consts)]
+        except (KeyError, IndexError, TypeError):
+            raise _NotLiteral from None
+    raise _NotLiteral
+
+
+def _is_marker(node: ast.AST) -> bool:
+    """A call of ``pytest.mark.conformance`` (or ``mark.conformance``)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == MARKER
+            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "mark")
+
+
+@dataclasses.dataclass(frozen=True)
+class Marked:
+    """One ``conformance`` marker in a suite: where it is and what it says."""
+
+    requirement: str
+    anchor: str              # the JUnit anchor of the test, class or module it marks
+    name: str                # the part's name in notes
+    feature: str
+    checks: tuple[str, ...]
+    require: tuple[str, ...]
+    guard: bool
+    where: str               # file:line, for errors
+
+
+def suite_markers(path: Path) -> list[Marked]:
+    """The ``conformance`` markers of one suite module, read from its source (nothing is imported): on the module
+    (``pytestmark``, anchor ``suites.<module>``), a test function (``suites.<module>::<test>``), a class
+    (``<Class>``) or a test method (``<Class>/<test without test_>``, as an upstream subtest is named)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    module = f"suites.{path.stem}"
+    consts: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            with contextlib.suppress(_NotLiteral):
+                consts[node.targets[0].id] = _literal(node.value, consts)
+    feature = str(consts.get("FEATURE", ""))
+    found: list[Marked] = []
+
+    def add(call: ast.Call, anchor: str, default_name: str) -> None:
+        where = f"{path.name}:{call.lineno}"
+        try:
+            args = [_literal(a, consts) for a in call.args]
+            kwargs = {k.arg: _literal(k.value, consts) for k in call.keywords}
+        except _NotLiteral:
+            raise GpuproofError(f"{where}: a conformance marker takes literals and the module's constants "
+                                "only (gpuproof conformance reads it without importing the suite)") from None
+        if len(args) != 1 or not isinstance(args[0], str) or set(kwargs) - {"checks", "require", "name", "guard",
+                                                                             "feature"}:
+            raise GpuproofError(f"{where}: {MARKER_HELP.split(':')[0]}")
+        checks, require = tuple(kwargs.get("checks", ())), tuple(kwargs.get("require", ()))
+        found.append(Marked(args[0], anchor, str(kwargs.get("name") or default_name),
+                            str(kwargs.get("feature") or feature) if checks else "", checks, require,
+                            bool(kwargs.get("guard", False)), where))
+
+    def markers_of(value: ast.AST) -> list[ast.Call]:
+        items = value.elts if isinstance(value, (ast.List, ast.Tuple)) else [value]
+        return [c for c in items if _is_marker(c)]
+
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            for call in markers_of(node.value):
+                add(call, module, path.stem.removeprefix("test_"))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for call in markers_of(ast.List(elts=node.decorator_list)):
+                add(call, f"{module}::{node.name}", node.name)
+        elif isinstance(node, ast.ClassDef):
+            for call in markers_of(ast.List(elts=node.decorator_list)):
+                add(call, node.name, node.name)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    sub = item.name.removeprefix("test_")
+                    for call in markers_of(ast.List(elts=item.decorator_list)):
+                        add(call, f"{node.name}/{sub}", sub)
+    return found
+
+
+def _suites_folder() -> Path:
+    from .. import package_folder
+
+    return package_folder("suites")
+
+
+def build_requirements(rows, markers: list[Marked]) -> tuple[Requirement, ...]:
+    """The checklist's requirements with the evidence the markers name: a requirement's parts in the order of the
+    suites' files and of their source (markers of one requirement with the same name are one part: their anchors
+    and checks together), its guards the anchors marked ``guard=True``."""
+    parts: dict[str, dict[str, Part]] = {}
+    guards: dict[str, list[str]] = {}
+    for m in markers:
+        if m.guard:
+            guards.setdefault(m.requirement, []).append(m.anchor)
+            continue
+        if m.checks and not m.feature:
+            raise GpuproofError(f"{m.where}: the marker names checks, but its suite has no FEATURE")
+        old = parts.setdefault(m.requirement, {}).get(m.name)
+        if old is None:
+            parts[m.requirement][m.name] = Part(m.name, (m.anchor,), m.feature, m.checks, m.require)
+        elif old.feature != m.feature:
+            raise GpuproofError(f"{m.where}: part {m.name!r} of {m.requirement} is marked in two features")
+        else:
+            parts[m.requirement][m.name] = Part(m.name, (*old.junit, m.anchor), m.feature, (*old.checks, *m.checks),
+                                                (*old.require, *m.require))
+    out = []
+    for section, rid, level, description in rows:
+        mine = tuple(parts.get(rid, {}).values())
+        untested = "" if mine else UNTESTED.get(rid, "gpuproof has no check marked as evidence for it")
+        out.append(Requirement(section, rid, level, description, mine, "any" if rid in ANY_PART else "all",
+                               untested, tuple(dict.fromkeys(guards.get(rid, ())))))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def checklists(folder: Path = CHECKLIST_DIR, suites: Path | None = None) -> dict[str, tuple[Requirement, ...]]:
+    """version -> requirements, for each checklist upstream published that gpuproof has (``checklists/``), with
+    the evidence the suites' ``conformance`` markers name. A marker naming a requirement no checklist has is an
+    error (a typo would leave its evidence unread)."""
+    suites = suites or _suites_folder()
+    markers = [m for path in sorted(suites.glob("test_*.py")) for m in suite_markers(path)]
+    rows = {v: read_checklist(folder / f"AIConformance-{v}.yaml") for v in checklist_versions(folder)}
+    known = {r[1] for reqs in rows.values() for r in reqs}
+    for m in markers:
+        if m.requirement not in known:
+            raise GpuproofError(f"{m.where}: conformance marker names {m.requirement!r}, a requirement of no "
+                                f"checklist gpuproof has ({', '.join(sorted(rows))})")
+    return {v: build_requirements(reqs, markers) for v, reqs in rows.items()}
+
+
+def __getattr__(name: str):
+    if name == "CHECKLISTS":            # read on first use: the checklist files and the suites' markers
+        return checklists()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def checklist(version: str) -> tuple[str, tuple[Requirement, ...]]:
     """(canonical version, requirements) of a checklist version given as 1.37 or v1.37."""
     v = str(version).strip().removeprefix("v")
-    if v not in CHECKLISTS:
-        known = ", ".join(sorted(CHECKLISTS))
+    known = checklists()
+    if v not in known:
         raise GpuproofError(f"--version {version}: gpuproof has no Kubernetes AI Conformance checklist of that "
-                            f"version (it writes evidence for {known})")
-    return v, CHECKLISTS[v]
+                            f"version (it writes evidence for {', '.join(sorted(known))})")
+    return v, known[v]
 
 
 # ---------------------------------------------------------------------------- JUnit anchors
@@ -697,14 +749,15 @@ def check_product(path: str | os.PathLike, root: str | os.PathLike | None = None
                     not value.lower().endswith((".svg", ".eps", ".ai")):
                 problems.append(f"metadata.productLogoUrl: {value} must link to an SVG, EPS or AI file")
         version = str(meta.get("kubernetesVersion") or "").removeprefix("v")
-    if version not in CHECKLISTS:
+    known = checklists()
+    if version not in known:
         problems.append(f"metadata.kubernetesVersion: {meta.get('kubernetesVersion') if isinstance(meta, dict) else ''}"
-                        f" names no checklist gpuproof knows ({', '.join('v' + v for v in CHECKLISTS)})")
+                        f" names no checklist gpuproof knows ({', '.join('v' + v for v in known)})")
         return problems
     if not isinstance(spec, dict):
         return problems + ["spec: missing"]
     junit_ids: dict[Path, list[str]] = {}
-    for req in CHECKLISTS[version]:
+    for req in known[version]:
         items = spec.get(req.section)
         if not isinstance(items, list):
             problems.append(f"spec.{req.section}: missing")
