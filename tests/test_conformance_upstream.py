@@ -25,6 +25,7 @@ from test_monitoring import FAULTS as DCGM_FAULTS
 from test_monitoring import L4_HOST, L4_NODE, _healthy, cluster
 from test_real_gpu_checks import INLINE, suite
 
+from gpuproof.plugin import monitoring_checks as mc
 from gpuproof.plugin.fixtures import Checker, GpuproofWarning
 from gpuproof.report.conformance import CHECKLISTS, anchor_matches, check_product, write_evidence
 from gpuproof.results import RunDir
@@ -135,7 +136,7 @@ def run_driver(run: Run, monkeypatch, node, result) -> dict:
 def run_exporter(run: Run, node, api) -> dict:
     """The monitoring suite's exporter tests on the node, the pod proxy serving a recorded output; outcome by test."""
     module = suite("monitoring")
-    exporters = module.require_exporters(api)
+    exporters = mc.require_exporters(api)
     request = SimpleNamespace(node=None, getfixturevalue={"fanout": INLINE}.get)
     return {case.split("::")[1].split("[")[0]: run.test(case, fn, module.FEATURE, node, exporters=exporters,
                                                          target=SimpleNamespace(cluster=api), request=request,

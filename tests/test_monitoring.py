@@ -19,8 +19,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from test_real_gpu_checks import INLINE, node, suite
 
+from gpuproof.cluster import dcgm
 from gpuproof.discovery import monitoring
 from gpuproof.discovery.monitoring import NodeFacts, judge
+from gpuproof.plugin import monitoring_checks as mc
 from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 
@@ -233,7 +235,7 @@ def run_suite(tmp_path, gpu_node, api):
     # node's /metrics); one Checker for all: a fault row lists the failures of each
     tests = module.TestAcceleratorPerformanceMetrics()
     kwargs = {"needs_real_gpus": None, "gpu_node": gpu_node, "target": SimpleNamespace(cluster=api),
-              "exporters": module.require_exporters(api), "request": request, "check": checker}
+              "exporters": mc.require_exporters(api), "request": request, "check": checker}
     for test in (tests.test_MetricsEndpointReachable, tests.test_PerAcceleratorUtilizationMetric,
                  tests.test_PerAcceleratorMemoryMetric, module.test_exporter_names_the_node_on_its_series):
         try:
@@ -318,7 +320,6 @@ def test_the_suite_passes_a_healthy_exporter_and_records_its_version(tmp_path):
 
 
 def test_exporters_are_found_by_name_label_image_or_port_and_none_skips_the_suite():
-    module = suite("monitoring")
     other = daemonset("node-exporter", "monitoring", labels={}, image="quay.io/prometheus/node-exporter:v1.8",
                       port=9100)
     found = [daemonset(), daemonset("dcgm-exporter", "monitoring", labels={}),
@@ -326,23 +327,22 @@ def test_exporters_are_found_by_name_label_image_or_port_and_none_skips_the_suit
              daemonset("gpu-metrics", "monitoring", labels={}, image="registry.local/metrics:1", port=9400),
              daemonset("gpu-metrics-2", "monitoring", labels={"app.kubernetes.io/name": "dcgm-exporter"},
                        image="registry.local/metrics:1", port=8080)]
-    assert [module.is_exporter(d) for d in [*found, other]] == [True] * 5 + [False]
+    assert [dcgm.is_exporter(d) for d in [*found, other]] == [True] * 5 + [False]
     with pytest.raises(pytest.skip.Exception, match="no DCGM exporter in the cluster: no DaemonSet named "
                                                     "nvidia-dcgm-exporter or dcgm-exporter"):
-        module.require_exporters(cluster([other], []))
+        mc.require_exporters(cluster([other], []))
 
 
 def test_the_facts_of_a_node_count_gpus_not_mig_devices():
-    module = suite("monitoring")
-    assert module.facts_of(L4_NODE) == NodeFacts(L4_HOST, 1, (), False, None)
+    assert monitoring.facts_of(L4_NODE) == NodeFacts(L4_HOST, 1, (), False, None)
     mig, = node("h100-mig-0", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
                                "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.10gb.count": "24"},
                 {"nvidia.com/mig-1g.10gb": "24"}).nodes
-    assert module.facts_of(mig) == NodeFacts("h100-mig-0", 8, (), True, 24)
+    assert monitoring.facts_of(mig) == NodeFacts("h100-mig-0", 8, (), True, 24)
     single, = node("a100-single-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
                                      "nvidia.com/gpu.count": "14", "nvidia.com/mig.strategy": "single"},
                    {"nvidia.com/gpu": "14"}).nodes
-    assert module.facts_of(single) == NodeFacts("a100-single-0", None, (), True, 14)
+    assert monitoring.facts_of(single) == NodeFacts("a100-single-0", None, (), True, 14)
 
 
 def test_the_coverage_count_knows_every_monitoring_check():
@@ -384,9 +384,9 @@ def run_work_check(tmp_path, monkeypatch, gpu_node, namespace: str, pod: str, be
     def holding(run, node, resource, lane):
         yield pod
 
-    monkeypatch.setattr(module, "holding_gpu", holding)
-    monkeypatch.setattr(module, "WORK_POLL_S", 0.01)
-    monkeypatch.setattr(module, "WORK_HOLD_S", 0.2)
+    monkeypatch.setattr(mc, "holding_gpu", holding)
+    monkeypatch.setattr(mc, "WORK_POLL_S", 0.01)
+    monkeypatch.setattr(mc, "WORK_HOLD_S", 0.2)
     monkeypatch.setattr(checks, "free_on", lambda *a: 1)
     monkeypatch.setattr(bench_checks, "node_gpus", lambda discovery, name, all_gpus=False: ("nvidia.com/gpu", 1))
     lane = SimpleNamespace(pods=lambda k=1: nullcontext(), stop=threading.Event(),
@@ -397,7 +397,7 @@ def run_work_check(tmp_path, monkeypatch, gpu_node, namespace: str, pod: str, be
     request = SimpleNamespace(node=None, getfixturevalue={"fanout": fan}.get)
     module.test_exporter_follows_the_work(needs_real_gpus=None, gpu_node=gpu_node, target=SimpleNamespace(cluster=api),
                                           run=SimpleNamespace(namespace=namespace), discovery=None,
-                                          exporters=module.require_exporters(api), request=request, check=checker)
+                                          exporters=mc.require_exporters(api), request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 
 

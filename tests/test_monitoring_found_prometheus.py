@@ -28,6 +28,7 @@ import pytest
 from kubernetes import client as k8s
 
 from gpuproof.cluster import prometheus as prom
+from gpuproof.plugin import monitoring_checks as mc
 from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 from test_monitoring import H100_NODE, cluster, daemonset, exporter_pod
@@ -127,7 +128,7 @@ def run_check(tmp_path, real):
     checker = Checker(run_dir, module.FEATURE, H100_NODE, {H100_NODE.name: H100_NODE})
     module.test_prometheus_has_each_gpus_series_with_its_pod(
         needs_real_gpus=None, gpu_node=H100_NODE, target=SimpleNamespace(cluster=api),
-        exporters=module.require_exporters(api), prometheus_server=lambda: module.prometheus_of(request, api),
+        exporters=mc.require_exporters(api), prometheus_server=lambda: mc.prometheus_of(request, api),
         request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from gpuproof.discovery import monitoring
+from gpuproof.plugin import monitoring_checks as mc
 from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 from test_monitoring import H100_NODE, cluster, daemonset, exporter_pod, failed_as_listed
@@ -219,8 +220,8 @@ def run_prometheus_check(tmp_path, url: str, selector: str):
     checker = Checker(run_dir, module.FEATURE, H100_NODE, {NODE: H100_NODE})
     module.test_prometheus_has_each_gpus_series_with_its_pod(needs_real_gpus=None, gpu_node=H100_NODE,
                                                              target=SimpleNamespace(cluster=api),
-                                                             exporters=module.require_exporters(api),
-                                                             prometheus_server=lambda: module.prometheus_of(
+                                                             exporters=mc.require_exporters(api),
+                                                             prometheus_server=lambda: mc.prometheus_of(
                                                                  request, api),
                                                              request=request, check=checker)
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]

@@ -22,7 +22,8 @@ import pytest
 from kubernetes import client as k8s
 
 from gpuproof.bench.base import wait_until
-from test_real_gpu_checks import suite
+from gpuproof.cluster import prometheus as prom
+from gpuproof.plugin import monitoring_checks as mc
 
 GROUP = "monitoring.coreos.com"
 
@@ -58,38 +59,34 @@ def operator_crds(embedded):
 
 
 def test_without_the_crds_no_podmonitor_is_served(embedded):
-    module = suite("monitoring")
-    assert module.podmonitors_served(embedded.client) is False
+    assert prom.podmonitors_served(embedded.client) is False
 
 
 def test_with_the_crds_the_monitor_is_labelled_as_prometheus_selects_and_made_in_the_run(embedded, run_in,
                                                                                           operator_crds):
-    module = suite("monitoring")
     cluster = embedded.client
-    wait_until(lambda: module.podmonitors_served(cluster), 60, "API discovery to list podmonitors")
+    wait_until(lambda: prom.podmonitors_served(cluster), 60, "API discovery to list podmonitors")
     custom = k8s.CustomObjectsApi(cluster.api)
-    assert module.monitor_labels(cluster) == ({}, "no labels: no Prometheus object selects PodMonitors by labels "
-                                                  "alone")
+    assert prom.monitor_labels(cluster) == ({}, "no labels: no Prometheus object selects PodMonitors by labels "
+                                                "alone")
     custom.create_namespaced_custom_object(GROUP, "v1", run_in.namespace, "prometheuses", {
         "apiVersion": f"{GROUP}/v1", "kind": "Prometheus", "metadata": {"name": "kps-prometheus"},
         "spec": {"podMonitorSelector": {"matchLabels": {"release": "kps"}}, "podMonitorNamespaceSelector": {}}})
-    labels, source = module.monitor_labels(cluster)
+    labels, source = prom.monitor_labels(cluster)
     assert labels == {"release": "kps"}
     assert source == f"the podMonitorSelector of Prometheus {run_in.namespace}/kps-prometheus"
-    served = module.Served(run_in.namespace, module.SERVICE_POD, "a100-0", 8000,
-                           {"gpuproof.dev/workload": module.SERVICE_POD})
-    module.create_pod_monitor(cluster, served, {**labels, **run_in.labels})
-    got = custom.get_namespaced_custom_object(GROUP, "v1", run_in.namespace, "podmonitors", module.SERVICE_POD)
+    served = mc.Served(run_in.namespace, mc.SERVICE_POD, "a100-0", 8000, {"gpuproof.dev/workload": mc.SERVICE_POD})
+    mc.create_pod_monitor(cluster, served, {**labels, **run_in.labels})
+    got = custom.get_namespaced_custom_object(GROUP, "v1", run_in.namespace, "podmonitors", mc.SERVICE_POD)
     assert got["metadata"]["labels"] == {"release": "kps", **run_in.labels}
-    assert got["spec"] == {"selector": {"matchLabels": {"gpuproof.dev/workload": module.SERVICE_POD}},
+    assert got["spec"] == {"selector": {"matchLabels": {"gpuproof.dev/workload": mc.SERVICE_POD}},
                            "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "5s"}]}
 
 
 def test_the_server_pod_is_one_the_api_server_takes(embedded, run_in):
-    module = suite("monitoring")
-    pod, own = module.service_pod(run_in, "a100-0", "NVIDIA-A100-SXM4-80GB")
+    pod, own = mc.service_pod(run_in, "a100-0", "NVIDIA-A100-SXM4-80GB")
     made = run_in.apply(pod)
-    assert made.metadata.name == module.SERVICE_POD and own.items() <= made.metadata.labels.items()
+    assert made.metadata.name == mc.SERVICE_POD and own.items() <= made.metadata.labels.items()
     (c,) = made.spec.containers
     assert c.ports[0].name == "http" and c.ports[0].container_port == 8000
     assert c.readiness_probe.http_get.path == "/healthz"

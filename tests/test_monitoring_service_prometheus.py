@@ -39,6 +39,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpuproof.discovery import monitoring
+from gpuproof.cluster import prometheus as prom
+from gpuproof.plugin import monitoring_checks as mc
 from gpuproof.plugin.fixtures import Checker
 from gpuproof.results import RunDir
 from test_monitoring_prometheus import REQUIRED, free_port, get_json, prometheus_binary, start_prometheus, stop, until
@@ -190,9 +192,8 @@ def suite_scraped(tmp_path_factory):
     procs: list = []
     try:
         host = server.removeprefix("http://")
-        module = suite("monitoring")
         jobs = [{"job_name": ns, "scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": path,
-                 "static_configs": [{"targets": [host], "labels": {"namespace": ns, "pod": module.SERVICE_POD,
+                 "static_configs": [{"targets": [host], "labels": {"namespace": ns, "pod": mc.SERVICE_POD,
                                                                    "container": "server"}}]}
                 for ns, path in SUITE_NAMESPACES.items() if path]
         prom, url = start_prometheus(binary, tmp, jobs)
@@ -240,16 +241,16 @@ def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: 
 
     @contextlib.contextmanager
     def serving(run, node, product):
-        yield module.Served(run.namespace, module.SERVICE_POD, node, 8000, {"gpuproof.dev/workload": "x"})
+        yield mc.Served(run.namespace, mc.SERVICE_POD, node, 8000, {"gpuproof.dev/workload": "x"})
 
-    monkeypatch.setattr(module, "podmonitors_served", lambda cluster: crd)
-    monkeypatch.setattr(module, "monitor_labels",
+    monkeypatch.setattr(prom, "podmonitors_served", lambda cluster: crd)
+    monkeypatch.setattr(prom, "monitor_labels",
                         lambda cluster: ({"release": "kps"}, "the podMonitorSelector of Prometheus monitoring/kps"))
-    monkeypatch.setattr(module, "create_pod_monitor", lambda cluster, served, labels: created.append((served.pod,
-                                                                                                      labels)))
-    monkeypatch.setattr(module, "serving", serving)
-    monkeypatch.setattr(module, "send_completions", sender(send_to))
-    monkeypatch.setattr(module, "SERVICE_DISCOVERY_S", 3.0)        # Prometheus here scrapes every second
+    monkeypatch.setattr(mc, "create_pod_monitor", lambda cluster, served, labels: created.append((served.pod,
+                                                                                                  labels)))
+    monkeypatch.setattr(mc, "serving", serving)
+    monkeypatch.setattr(mc, "send_completions", sender(send_to))
+    monkeypatch.setattr(mc, "SERVICE_DISCOVERY_S", 3.0)        # Prometheus here scrapes every second
     options = {"prometheus": prometheus}
     request = SimpleNamespace(config=SimpleNamespace(getoption=lambda name, default=None: options.get(name, default)))
     run_dir = RunDir(tmp_path / "run")
@@ -257,7 +258,7 @@ def run_service_check(tmp_path, monkeypatch, prometheus: str | None, namespace: 
     module.TestAIServiceMetrics().test_inference_server_metrics_reach_prometheus(
         needs_real_gpus=None, target=SimpleNamespace(cluster=NO_SERVICES),
         run=SimpleNamespace(namespace=namespace, labels={"gpuproof.dev/run": "r1"}),
-        gpu_products={GPU_PRODUCT: [NODE]}, prometheus_server=lambda: module.prometheus_of(request, NO_SERVICES),
+        gpu_products={GPU_PRODUCT: [NODE]}, prometheus_server=lambda: mc.prometheus_of(request, NO_SERVICES),
         request=request, check=checker)
     path = run_dir.path / "checks.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

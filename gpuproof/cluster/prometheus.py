@@ -13,12 +13,16 @@ Found, when no URL is named, among the cluster's Services, in this order:
 Its port: the one named ``http-web`` or ``web`` (the operator's), else 9090, else ``http``, else the first. The
 requests go to ``/api/v1/namespaces/<ns>/services/<name>:<port>/proxy/api/v1/...``: permissions ``services`` list
 and ``services/proxy`` get (deploy/rbac.yaml).
+
+Also the Prometheus operator's PodMonitor (``monitoring.coreos.com/v1``): whether the cluster serves it, the labels
+its Prometheus selects monitors by, and one made for a pod (the monitoring suite's ai_service_metrics check).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import urllib.parse
 import urllib.request
 
@@ -26,6 +30,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 TIMEOUT_S = 30.0
+POLL_S = 1.0                # between two queries of a wait for a scrape (Prometheus.sampled)
 PORT_NAMES = ("http-web", "web")
 NOT_PROMETHEUS = ("alertmanager", "pushgateway", "node-exporter", "operator", "blackbox", "adapter", "thanos")
 
@@ -124,3 +129,65 @@ class Prometheus:
         if answer.get("status") != "success":
             raise PrometheusError(f"Prometheus answered {answer.get('errorType')}: {answer.get('error')}")
         return answer["data"]
+
+    def sampled(self, query: str, after: float | None, timeout: float, poll: float = POLL_S) -> bool:
+        """Wait until the instant query has a sample scraped after ``after`` (a Unix time; None: any sample), polling
+        every ``poll`` seconds for at most ``timeout``; whether it came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stamps = self.api("query", query=f"timestamp({query})")["result"]
+            if stamps and (after is None or any(float(s["value"][1]) > after for s in stamps)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)            # a poll of Prometheus, until a scrape or the deadline
+
+
+# ------------------------------------------------------------------ the Prometheus operator's PodMonitor
+
+MONITORING_GROUP = "monitoring.coreos.com"
+
+
+def podmonitors_served(cluster) -> bool:
+    """Does the API server serve the Prometheus operator's PodMonitor (``monitoring.coreos.com/v1``)? Discovery
+    needs no permission."""
+    from kubernetes import client as k8s
+
+    try:
+        found = k8s.CustomObjectsApi(cluster.api).get_api_resources(MONITORING_GROUP, "v1")
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.name == "podmonitors" for r in found.resources or [])
+
+
+def monitor_labels(cluster) -> tuple[dict, str]:
+    """The labels a PodMonitor needs for the cluster's Prometheus to select it (kube-prometheus-stack's selects
+    ``release: <its release>`` unless told otherwise), from the first Prometheus object's ``podMonitorSelector``,
+    and where they came from. Permission: ``monitoring.coreos.com`` ``prometheuses`` list."""
+    from kubernetes import client as k8s
+
+    try:
+        found = k8s.CustomObjectsApi(cluster.api).list_cluster_custom_object(MONITORING_GROUP, "v1", "prometheuses")
+    except ApiException as exc:
+        return {}, f"no labels: the Prometheus objects could not be listed (HTTP {exc.status} {exc.reason})"
+    for p in found.get("items") or []:
+        meta, selector = p.get("metadata") or {}, (p.get("spec") or {}).get("podMonitorSelector")
+        if selector is not None and not selector.get("matchExpressions"):
+            labels = dict(selector.get("matchLabels") or {})
+            return labels, f"the podMonitorSelector of Prometheus {meta.get('namespace')}/{meta.get('name')}"
+    return {}, "no labels: no Prometheus object selects PodMonitors by labels alone"
+
+
+def create_pod_monitor(cluster, namespace: str, name: str, selector: dict, labels: dict) -> None:
+    """A PodMonitor ``namespace/name`` that scrapes the ``/metrics`` of the pods ``selector`` matches, on their port
+    named ``http``, every 5 s. Permission: ``monitoring.coreos.com`` ``podmonitors`` create."""
+    from kubernetes import client as k8s
+
+    body = {"apiVersion": f"{MONITORING_GROUP}/v1", "kind": "PodMonitor",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"selector": {"matchLabels": selector},
+                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics", "interval": "5s"}]}}
+    k8s.CustomObjectsApi(cluster.api).create_namespaced_custom_object(MONITORING_GROUP, "v1", namespace,
+                                                                      "podmonitors", body)

@@ -1,4 +1,5 @@
-"""Does a node's DCGM exporter publish every GPU the node has? Judged from its ``/metrics`` text (no cluster access).
+"""Does a node's DCGM exporter publish every GPU the node has? Judged from its ``/metrics`` text (no cluster access:
+``gpuproof/cluster/dcgm.py`` reads it, ``gpuproof/plugin/monitoring_checks.py`` runs the suite's work).
 
 The exporter's output is read by ``workloads/dcgm_series.py`` (both host label spellings, classic and DCGM 4.7 names
 with their units, blank sentinels as absent, pod attribution); here it is held against what gpuproof knows of the node
@@ -61,6 +62,20 @@ class NodeFacts:
     uuids: tuple[str, ...] = ()             # their UUIDs in NVML index order, where known
     mig: bool = False                       # the node partitions GPUs with MIG
     mig_instances: int | None = None        # MIG devices the node advertises (None: unknown)
+
+
+def facts_of(node) -> NodeFacts:
+    """What gpuproof knows of a GpuNode's GPUs: their UUIDs where DRA's ResourceSlices name them (in NVML index
+    order), else their count (GFD's gpu.count counts MIG devices under the single strategy: not GPUs then)."""
+    whole = sorted((d for d in node.dra_devices if d.type == "gpu" and d.uuid),
+                   key=lambda d: int(d.attributes.get("index", 0) or 0))
+    gpus = node.physical_count
+    if gpus is None and node.mig_strategy != "single":
+        gpus = node.count_label
+    mig = node.mig_strategy != "none"
+    instances = sum(node.mig_resources.values()) if node.mig_resources else (
+        node.count_label if node.mig_strategy == "single" else None)
+    return NodeFacts(node.name, gpus, tuple(d.uuid for d in whole), mig, instances if mig else None)
 
 
 @dataclasses.dataclass(frozen=True)
