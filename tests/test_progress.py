@@ -275,9 +275,8 @@ def test_run_hands_progress_after_to_pytest_and_refuses_a_negative_one(tmp_path)
     from gpuproof.cli.run import pytest_argv
 
     args = build_parser().parse_args(["run", "--progress-after", "5"])
-    assert "--gpuproof-progress-after=5.0" in pytest_argv(args, "rid")
-    assert not any(a.startswith("--gpuproof-progress-after") for a in pytest_argv(build_parser().parse_args(["run"]),
-                                                                                   "rid"))
+    assert "--progress-after=5" in pytest_argv(args, "rid")
+    assert not any(a.startswith("--progress-after") for a in pytest_argv(build_parser().parse_args(["run"]), "rid"))
     proc = subprocess.run([sys.executable, "-m", "gpuproof", "run", "--progress-after", "-1"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--progress-after" in proc.stderr, proc.stderr

@@ -1,4 +1,7 @@
-"""Options and arguments the commands share: which cluster, which suites, the suites' folder."""
+"""Options and arguments the commands share: which cluster, which suites, the suites' folder.
+
+The options that pytest takes too are declared once, with the plugin's: gpuproof/plugin/options.py.
+"""
 
 from __future__ import annotations
 
@@ -21,24 +24,19 @@ def suites_dir() -> Path:
 
 
 def add_target_options(p) -> None:
-    """The options that name the target cluster (shared by run and plan)."""
-    p.add_argument("--kubeconfig", default=None, help="a real cluster's kubeconfig")
-    p.add_argument("--context", default=None, help="the kubeconfig context (implies a real cluster)")
-    p.add_argument("--fleet", default=None, help="fleet for the embedded cluster (default: mixed)")
-    p.add_argument("--shared-requests-refused", metavar="POOLS", default=None,
-                   help="pools (comma-separated, or 'all') whose device plugin sets failRequestsGreaterThanOne; "
-                        "the embedded cluster knows this from its fleet")
-    p.add_argument("--pool-label", default=None,
-                   help="node label naming node pools (default: the first common cloud pool label found)")
+    """The options that name the target cluster (shared by run and plan; declared with the plugin's)."""
+    from ..plugin.options import TARGET, add_to_argparse
+
+    add_to_argparse(p, TARGET)
 
 
 def add_selection_options(p) -> None:
     """The options that choose the checks (shared by run and plan)."""
+    from ..plugin.options import SELECT, add_to_argparse
+
     p.add_argument("--bench", action="store_true", help="also run the benchmarks (suites/test_bench_*.py)")
     p.add_argument("--only-bench", action="store_true", help="run only the benchmarks")
-    p.add_argument("--quick-bench", action="store_true",
-                   help="also run the benchmarks, at their smallest sizes (seconds each): proves each benchmark's "
-                        "path on the cluster; figures are marked sizes=quick, not for comparison with a full run")
+    add_to_argparse(p, SELECT)          # --quick-bench
     p.add_argument("-k", dest="keyword", default=None, help="pytest -k expression to select checks")
 
 

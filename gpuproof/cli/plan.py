@@ -65,10 +65,9 @@ def _plan_argv(args) -> list[str]:
     argv = [str(suites), f"--rootdir={suites.parent}", f"--confcutdir={suites}", "-c", str(SUITES_INI),
             "-p", "gpuproof.pytest_plugin", "-p", "no:cacheprovider", "--collect-only", "-q", "--no-lease",
             "--gpuproof-progress-after=0"]
-    for opt in ("kubeconfig", "context", "fleet", "shared_requests_refused", "pool_label"):
-        if getattr(args, opt, None):
-            argv.append(f"--{opt.replace('_', '-')}={getattr(args, opt)}")
-    return argv + selection_argv(args) + list(args.pytest_args)
+    from ..plugin.options import TARGET, forward
+
+    return argv + forward(args, TARGET) + selection_argv(args) + list(args.pytest_args)
 
 
 def _preflight(args) -> list[str]:

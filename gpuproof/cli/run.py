@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import GpuproofError
+from ..plugin.options import RUN, TARGET, add_to_argparse, check_args, forward
 from ..results import new_run_id
 from .options import (SUITES_INI, add_selection_options, add_target_options, check_kubeconfig, runs_benchmarks,
                       selection_argv, suites_dir)
@@ -36,22 +37,8 @@ def register(sub) -> None:
                "  70 a bug in gpuproof",
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     add_target_options(p)
-    p.add_argument("--report-dir", default="reports", help="parent folder of run folders (default: reports)")
-    p.add_argument("--run-id", default=None, help="run id (default: time-stamp + random suffix)")
     add_selection_options(p)
-    p.add_argument("--strict-taints", action="store_true", help="untainted GPU nodes fail instead of warn")
-    p.add_argument("--progress-after", type=float, default=None, metavar="SECONDS",
-                   help="report a step once it has lasted this long, then at doubling intervals; 0: no progress "
-                        "lines (default 10)")
-    p.add_argument("--api-deadline", type=float, default=None, metavar="SECONDS",
-                   help="how long a request may go without an answer from the API server (refused, reset, silent) "
-                        "before the run takes it as gone and stops, cut short (exit 75, its report written); "
-                        "within it reads, deletes and lease renewals are sent again, so a restarted API server is "
-                        "outlasted (default 120, or $GPUPROOF_API_DEADLINE)")
-    p.add_argument("--parallel", default=None, metavar="N",
-                   help="per-node checks (health, census, topology, time-slicing probes) start on every node at once, "
-                        "with at most N pods in flight (default 16, or $GPUPROOF_PARALLEL); each node is still "
-                        "its own test. Lower it to spare a busy API server, raise it for large fleets")
+    add_to_argparse(p, RUN)         # --report-dir, --run-id, --strict-taints, --api-deadline, --progress-after, ...
     p.add_argument("--dry-run", action="store_true",
                    help="create nothing: list what the run would create, on which nodes, with which priorities "
                         "(the same as gpuproof plan)")
@@ -68,17 +55,7 @@ def pytest_argv(args, run_id: str) -> list[str]:
             "-p", "gpuproof.pytest_plugin", "-p", "no:cacheprovider", f"--run-id={run_id}",
             f"--report-dir={args.report_dir}", f"--junitxml={run_path / 'junit.xml'}", "-o", "junit_family=xunit2",
             "-rs"]
-    for opt in ("kubeconfig", "context", "fleet", "shared_requests_refused", "pool_label"):
-        if getattr(args, opt):
-            argv.append(f"--{opt.replace('_', '-')}={getattr(args, opt)}")
-    if args.strict_taints:
-        argv.append("--strict-taints")
-    if getattr(args, "progress_after", None) is not None:
-        argv.append(f"--gpuproof-progress-after={args.progress_after}")
-    if getattr(args, "parallel", None) is not None:
-        argv.append(f"--gpuproof-parallel={args.parallel}")
-    if getattr(args, "api_deadline", None) is not None:
-        argv.append(f"--gpuproof-api-deadline={args.api_deadline:g}")
+    argv += forward(args, TARGET, RUN, exclude=("run-id", "report-dir"))      # those two are given above
     argv += selection_argv(args)
     return argv + list(args.pytest_args)
 
@@ -127,14 +104,7 @@ def _run(args) -> int:
         from .plan import plan_command
 
         return plan_command(args)
-    if args.progress_after is not None and args.progress_after < 0:
-        raise GpuproofError(f"--progress-after must be 0 (off) or more seconds, got {args.progress_after:g}")
-    if args.api_deadline is not None and not args.api_deadline > 0:
-        raise GpuproofError(f"--api-deadline must be more than 0 seconds, got {args.api_deadline:g}")
-    if args.parallel is not None:
-        from ..plugin.fanout import parse_parallel
-
-        parse_parallel(args.parallel)            # 0 or a word: one line, before any cluster starts
+    check_args(args, TARGET, RUN)            # -1, 0 or a word: one line, before any cluster starts
     preflight(args)
     run_id = args.run_id or new_run_id()
     code = int(pytest.main(pytest_argv(args, run_id)))

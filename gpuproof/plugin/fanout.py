@@ -30,7 +30,6 @@ and each node's time.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import re
 import statistics
@@ -44,22 +43,10 @@ import pytest
 from ..cluster.nodewatch import lost_reason
 from ..errors import GpuproofError, NodeLost
 from ..results import MetricRecord
+from .options import DEFAULT_PARALLEL, PARALLEL_ENV, parse_parallel  # noqa: F401  (declared with the options)
 
-DEFAULT_PARALLEL = 16
-PARALLEL_ENV = "GPUPROOF_PARALLEL"
 FANOUT_LABEL = "gpuproof.dev/fanout"
 _KEY = pytest.StashKey["FanOut"]()
-
-
-def parse_parallel(text: Any, source: str = "--parallel") -> int:
-    """A whole number of pods in flight, 1 or more; anything else is one line naming the option."""
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise GpuproofError(f"{source} takes a whole number of pods in flight (1 or more), got {text!r}") from None
-    if value < 1:
-        raise GpuproofError(f"{source} must be 1 or more pods in flight, got {value}")
-    return value
 
 
 class NodeSkip(Exception):
@@ -397,24 +384,9 @@ def default_member(params: dict):
 # -------------------------------------------------------------------- the pytest side
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("gpuproof").addoption(
-        "--gpuproof-parallel", "--parallel", dest="parallel", default=os.environ.get(PARALLEL_ENV),
-        metavar="N",
-        help=f"per-node checks (health, census, topology, time-slicing probes) run on every node at once with at "
-             f"most N pods in flight; default {DEFAULT_PARALLEL} (${PARALLEL_ENV})")
-
-
 def parallel_of(config: pytest.Config) -> int:
     value = config.getoption("parallel", None)
     return DEFAULT_PARALLEL if value in (None, "") else parse_parallel(value)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    try:
-        parallel_of(config)
-    except GpuproofError as exc:          # one line, before anything starts
-        raise pytest.UsageError(str(exc)) from None
 
 
 def get(config: pytest.Config, run=None, say=None, run_dir=None) -> FanOut:

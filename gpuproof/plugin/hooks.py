@@ -10,6 +10,7 @@ import pytest
 import urllib3
 
 from ..errors import ApiGone, ApiUnreachable, GpuproofError, NodeLost, one_line
+from . import options
 from .target import REAL_GPU_REASON, get_target, started_target, stop_session
 from .checks import GPU_NODES_MARKER, Pool, node_predicate
 
@@ -17,50 +18,16 @@ from .checks import GPU_NODES_MARKER, Pool, node_predicate
 def pytest_addoption(parser: pytest.Parser) -> None:
     # Canonical names are --gpuproof-*; the short ones (--kubeconfig, --fleet, ...) stay as aliases. Each
     # option's dest is its short name, so config.getoption("--kubeconfig") and ("--gpuproof-kubeconfig") agree.
-    g = parser.getgroup("gpuproof", "gpuproof target and run")
-    g.addoption("--gpuproof-kubeconfig", "--kubeconfig", dest="kubeconfig", default=None,
-                help="run against the cluster of this kubeconfig (default: a private embedded cluster)")
-    g.addoption("--gpuproof-context", "--context", dest="context", default=None,
-                help="kubeconfig context to use (implies a real cluster)")
-    g.addoption("--gpuproof-fleet", "--fleet", dest="fleet", default=None,
-                help="fleet file (or shipped fleet name) for the embedded cluster; default: mixed")
-    g.addoption("--gpuproof-sim-port", "--sim-port", dest="sim_port", default="auto",
-                help="base port of the embedded cluster (uses 6 ports from it); default: auto (six free ports no "
-                     "other session on this machine has chosen)")
-    g.addoption("--gpuproof-report-dir", "--report-dir", dest="report_dir",
-                default=os.environ.get("GPUPROOF_REPORT_DIR", "reports"),
-                help="folder that gets one sub-folder per run (default: reports)")
-    g.addoption("--gpuproof-run-id", "--run-id", dest="run_id", default=None,
-                help="run id (default: time-stamp + random suffix)")
-    g.addoption("--gpuproof-pool-label", "--pool-label", dest="pool_label", default=None,
-                help="node label that names node pools (default: the first of the common cloud labels)")
-    g.addoption("--gpuproof-strict-taints", "--strict-taints", dest="strict_taints", action="store_true",
-                help="fail (rather than warn) when a GPU node has no NoSchedule taint")
-    g.addoption("--gpuproof-shared-requests-refused", "--shared-requests-refused", dest="shared_requests_refused",
-                default=None, metavar="POOLS",
-                help="pools (comma-separated, or 'all') whose time-slicing has failRequestsGreaterThanOne; "
-                     "on the embedded cluster the fleet says so")
-    g.addoption("--gpuproof-quick-bench", "--quick-bench", dest="quick_bench", action="store_true",
-                help="benchmarks at their smallest sizes, seconds each: proves every benchmark's path on the "
-                     "cluster; their figures are marked sizes=quick and are not for comparison with a full run")
-    g.addoption("--gpuproof-timeout-scale", "--timeout-scale", dest="timeout_scale", type=float,
-                default=float(os.environ.get("GPUPROOF_TIMEOUT_SCALE", "1")),
-                help="multiply every wait's deadline (slow clusters)")
-    g.addoption("--gpuproof-lease-wait", "--lease-wait", dest="lease_wait", type=float, default=300.0,
-                metavar="SECONDS", help="how long to wait for another gpuproof run on the same cluster to finish "
-                                        "(its run lease); default 300")
-    g.addoption("--gpuproof-api-deadline", "--api-deadline", dest="api_deadline", type=float,
-                default=None, metavar="SECONDS",
-                help="how long a request may go without an answer from the API server (refused, reset, silent) "
-                     "before the run takes it as gone and stops, cut short (exit 75 under gpuproof run, the report "
-                     "written); within it reads, deletes and lease renewals are sent again. Default 120, or "
-                     "$GPUPROOF_API_DEADLINE")
-    g.addoption("--gpuproof-no-lease", "--no-lease", dest="no_lease", action="store_true",
-                help="run without taking the cluster's run lease (concurrent runs are then not kept apart)")
+    # The options, their help and their checks are declared once, for gpuproof run too: gpuproof/plugin/options.py.
+    options.add_to_pytest(parser.getgroup("gpuproof", "gpuproof target and run"))
 
 
 @pytest.hookimpl(tryfirst=True)      # before pytest-kubernetes checks its options (providers.install)
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        options.check_config(config)
+    except GpuproofError as exc:          # one line, before anything starts
+        raise pytest.UsageError(str(exc)) from None
     config.addinivalue_line("markers", "places_pods: the test places pods, so only GPU nodes that can take pods "
                                        "(Ready, not cordoned, no node-lifecycle taint) are offered to it")
     config.addinivalue_line("markers", "device_plugin: the check is about the device plugin's extended resources, "

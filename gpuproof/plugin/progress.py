@@ -36,9 +36,9 @@ from typing import Any, Callable
 import pytest
 
 from .progress_board import Board, EventView, PodView, Schedule, fmt_duration
+from .options import DEFAULT_PROGRESS_AFTER as DEFAULT_AFTER
 from .progress_eta import Estimate, history, junit_key
 
-DEFAULT_AFTER = 10.0
 PLUGIN_NAME = "gpuproof-progress"
 
 # where gpuproof's fixtures live, by name: importing the module here (progress is registered first) would import it
@@ -62,15 +62,6 @@ GPUPROOF_FIXTURES = {"target", "run", "discovery", "check", "run_dir", "scratch"
 
 
 # ------------------------------------------------------------------------------ the plugin
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("gpuproof").addoption(
-        "--gpuproof-progress-after", "--progress-after", dest="progress_after", type=float, default=DEFAULT_AFTER,
-        metavar="SECONDS",
-        help="report a step (a check, a pod waiting, an image pull, a benchmark pod) once it has lasted this long, "
-             "then at doubling intervals; the time left is shown at most every 3x this; 0 turns progress off "
-             f"(default {DEFAULT_AFTER:g})")
 
 
 def pytest_configure(config: pytest.Config) -> None:
