@@ -1,17 +1,37 @@
-"""All-reduce bandwidth sweep with torch.distributed (NCCL on GPUs, gloo on the CPU).
+"""Collective bandwidth sweep with torch.distributed (NCCL on GPUs, gloo on the CPU): all_reduce and beside it
+all_gather, reduce_scatter, alltoall and sendrecv.
 
 Long: one torch.distributed program, single node and multi-node (torchrun or an indexed Job), with its
-sweep, nccl-tests' bandwidth definitions, the per-node figures and the straggler rule it reports on.
+sweep, the per-node figures and the straggler rule it reports on; what each collective is (nccl-tests'
+sizes and factors, the torch calls, the #wrong patterns) lives in collectives.py.
 
-Reports, per message size, the columns nccl-tests prints for all_reduce (in-place):
-size, count, type, redop, time (us), algbw and busbw (GB/s) and #wrong, plus the
-"Avg bus bandwidth" (arithmetic mean of busbw over all sizes).
+Reports, per collective and message size, the columns nccl-tests prints: size, count, type, redop,
+time (us), algbw and busbw (GB/s) and #wrong, plus the "Avg bus bandwidth" (arithmetic mean of busbw
+over all sizes) of each collective.
 
-- algbw = S / t, with S one rank's buffer in bytes and t the mean time of one
-  all-reduce (averaged over the ranks, like nccl-tests), in GB/s (1e9 bytes);
-- busbw = algbw * 2(n-1)/n for all-reduce (0 for a single rank: nothing crosses a bus);
-- #wrong: after the timed loop each rank fills its buffer with (i + rank) mod 3, runs one
-  more all-reduce and counts elements that differ from the known sum.
+- S: nccl-tests' size, one rank's buffer for all_reduce and sendrecv, the whole buffer (every rank's
+  share x n) for all_gather, reduce_scatter and alltoall; t the mean time of one call (averaged over
+  the ranks, like nccl-tests);
+- algbw = S / t in GB/s (1e9 bytes); busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for
+  all_gather, reduce_scatter and alltoall, x 1 for sendrecv (to rank+1, from rank-1); none at all
+  for a single rank: nothing crosses a bus;
+- #wrong: after the timed loop each rank fills its input with a known pattern, runs the collective
+  once more and counts output elements that differ from the values every rank can compute (all_reduce:
+  (i + rank) mod 3 and the known sum). all_reduce runs in place, the others out of place.
+
+``--collectives`` (default ``auto``): all five with NCCL, as nccl-tests and NVIDIA's cluster checks run
+them (a fabric fault can spare all-reduce's ring and show in alltoall's all-pairs traffic), at about five
+times one all-reduce sweep; all_reduce alone with gloo, where the CPU runs stand in for the network path
+in CI and must stay quick (``all`` asks for the five there too). A collective the backend lacks, or runs
+as another one's traffic (gloo's reduce-scatter: missing in older torch, one all-reduce and a copy of the
+share in torch 2.15), is not measured and says why (``collectives[c].why_not``): nothing stands in for it.
+
+The JSON keeps all_reduce's keys as they were (``results``: all_reduce's rows, ``avg_busbw_gbps``,
+``max_busbw_gbps``, ``wrong_total``, the per-node fields); every row carries ``collective``;
+``results_all`` holds every collective's rows, ``collectives`` per collective its average and largest
+busbw, #wrong, whether it was measured and why not, ``wrong_total_all`` the #wrong of all of them
+(``ok`` is false when any is above 0), and ``at_size`` per collective the row of the largest size up to
+``--report-size`` (the largest size without it): one figure per collective to judge.
 
 How it is launched (the same file in every case):
 
@@ -37,7 +57,9 @@ and rank 0 gathers the figures of every node:
 A node whose figure is below ``--straggler-pct`` (default 80) % of the median of the
 nodes is named a straggler in the result (``stragglers``, ``nodes[].straggler``).
 Test-only: ``GPUPROOF_TEST_SLOW_RANK=<rank>`` (and ``GPUPROOF_TEST_SLOW_MS``, default 50)
-delays every timed all-reduce of that rank, to check the detection.
+delays every timed call of that rank (every collective), to check the detection;
+``GPUPROOF_TEST_CORRUPT_RANK=<rank>`` (and ``GPUPROOF_TEST_CORRUPT_COLLECTIVE``, default all) makes
+that rank spoil one output element before the #wrong check, to see the check fail.
 
 Only global rank 0 prints the JSON result.
 """
@@ -52,21 +74,13 @@ import sys
 import tempfile
 import time
 
+import collectives as coll
 import nvml_sampler
 import workload_common as common
+from collectives import BUSBW_FACTORS, CHECK_CHUNK, algbw_gbps, busbw_gbps, expected_sum_table  # noqa: F401
 
 DEFAULT_MIN = "8"
 DEFAULT_MAX = "1G"
-
-# nccl-tests bus bandwidth factors (src/*.cu, "getBw"): busbw = algbw * factor(n)
-BUSBW_FACTORS = {
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
 
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -74,22 +88,10 @@ DEFAULT_STRAGGLER_PCT = 80.0
 NODE_BYTES_CAP = 256 * 2**20   # per-node figures at min(largest sweep size, 256 MiB) unless --node-bytes
 ONE_RANK_REASON = ("1 rank: no data moves between devices, so no bandwidth is reported "
                    "(the times are the cost of an all-reduce call with nothing to exchange)")
-SLOW_RANK_ENV = "GPUPROOF_TEST_SLOW_RANK"   # test-only: delay this rank's timed all-reduces
+SLOW_RANK_ENV = "GPUPROOF_TEST_SLOW_RANK"   # test-only: delay this rank's timed calls
 SLOW_MS_ENV = "GPUPROOF_TEST_SLOW_MS"
-
-
-def algbw_gbps(size_bytes: float, seconds: float) -> float:
-    """nccl-tests algorithm bandwidth: bytes / seconds, in GB/s (1e9)."""
-    if seconds <= 0:
-        raise ValueError("seconds must be > 0")
-    return size_bytes / seconds / 1e9
-
-
-def busbw_gbps(size_bytes: float, seconds: float, nranks: int, collective: str = "all_reduce") -> float:
-    """nccl-tests bus bandwidth: algbw times the collective's factor for ``nranks``."""
-    if nranks < 1:
-        raise ValueError("nranks must be >= 1")
-    return algbw_gbps(size_bytes, seconds) * BUSBW_FACTORS[collective](nranks)
+CORRUPT_RANK_ENV = coll.CORRUPT_RANK_ENV    # test-only: this rank spoils one output element before the check
+GLOO_DEFAULT = ("all_reduce",)              # --collectives auto on the CPU (gloo): quick CI runs
 
 
 def ring_pairs(nnodes: int) -> list[tuple[int, int]]:
@@ -117,16 +119,34 @@ def find_stragglers(values: dict, pct: float = DEFAULT_STRAGGLER_PCT) -> dict:
             for k, v in known.items() if v < limit}
 
 
-def expected_sum_table(nranks: int) -> list[int]:
-    """sum over ranks r < n of (b + r) mod 3, for b = 0, 1, 2 (the #wrong check's pattern)."""
-    return [sum((b + r) % 3 for r in range(nranks)) for b in range(3)]
-
-
 def _sizes(args) -> list[int]:
     if args.sizes:
         return [common.parse_bytes(s) for s in args.sizes.split(",") if s.strip()]
     return common.geometric_sizes(common.parse_bytes(args.min_bytes), common.parse_bytes(args.max_bytes),
                                   args.step_factor)
+
+
+def parse_collectives(text: str, backend: str) -> list[str]:
+    """``--collectives``: ``auto`` (all five with NCCL, all_reduce alone with gloo), ``all`` or a comma list
+    (``-`` or ``_`` alike), in the order of :data:`collectives.COLLECTIVES`. ValueError for an unknown name."""
+    words = [w.strip().lower().replace("-", "_") for w in str(text).split(",") if w.strip()]
+    if not words:
+        raise ValueError("--collectives: name one collective or more")
+    if words == ["auto"]:
+        return list(coll.COLLECTIVES) if backend == "nccl" else list(GLOO_DEFAULT)
+    if words == ["all"]:
+        return list(coll.COLLECTIVES)
+    unknown = [w for w in words if w not in coll.COLLECTIVES]
+    if unknown:
+        raise ValueError(f"--collectives: unknown {', '.join(unknown)} (choose from auto, all, "
+                         f"{', '.join(coll.COLLECTIVES)})")
+    return [c for c in coll.COLLECTIVES if c in words]
+
+
+def row_at_size(rows: list[dict], report_size: int | None) -> dict | None:
+    """The row of the largest size up to ``report_size`` (the largest row when None); None when none is."""
+    fit = [r for r in rows if report_size is None or r["size_bytes"] <= report_size]
+    return max(fit, key=lambda r: r["size_bytes"], default=None)
 
 
 # --------------------------------------------------------------------------- worker
@@ -167,7 +187,7 @@ def _init(device: str):
 
 
 def _slow_op(rank: int):
-    """Test-only delay before each timed all-reduce of rank $GPUPROOF_TEST_SLOW_RANK (None: no delay)."""
+    """Test-only delay before each timed call of rank $GPUPROOF_TEST_SLOW_RANK (None: no delay)."""
     slow = os.environ.get(SLOW_RANK_ENV)
     if slow is None or slow == "" or int(slow) != rank:
         return None
@@ -175,8 +195,8 @@ def _slow_op(rank: int):
     return lambda: time.sleep(delay)  # an injected delay, not a wait for something
 
 
-def _timed_allreduce(buf, args, device: str, rank: int, group=None) -> float:
-    """Mean seconds of one all-reduce of ``buf`` over ``group``, as this rank saw it."""
+def _timed(call, args, device: str, rank: int, group=None) -> float:
+    """Mean seconds of one ``call()`` (a collective over ``group``), as this rank saw it."""
     import torch.distributed as dist
 
     delay = _slow_op(rank)
@@ -184,11 +204,18 @@ def _timed_allreduce(buf, args, device: str, rank: int, group=None) -> float:
     def op(_i):
         if delay:
             delay()
-        dist.all_reduce(buf, group=group)
+        call()
 
     common.time_total(op, args.warmup, device)
     dist.barrier(group=group)
     return common.time_total(op, args.iters, device) / args.iters
+
+
+def _timed_allreduce(buf, args, device: str, rank: int, group=None) -> float:
+    """Mean seconds of one all-reduce of ``buf`` over ``group``, as this rank saw it."""
+    import torch.distributed as dist
+
+    return _timed(lambda: dist.all_reduce(buf, group=group), args, device, rank, group)
 
 
 def _gather_floats(value: float, device: str, world: int) -> list[float]:
@@ -202,29 +229,26 @@ def _gather_floats(value: float, device: str, world: int) -> list[float]:
     return [float(x.item()) for x in out]
 
 
-def _one_size(size: int, args, device: str, world: int, rank: int) -> dict | None:
-    import torch
-
-    dtype = getattr(torch, args.dtype)
-    elem = DTYPES[args.dtype]
-    count = size // elem
+def _one_size(collective: str, api: str, size: int, args, device: str, world: int, rank: int) -> dict | None:
+    """One row of nccl-tests' table for ``collective`` at the swept ``size`` (None when nothing is left of it)."""
+    count, nbytes = coll.coll_counts(collective, size, DTYPES[args.dtype], world)
     if count == 0:
         return None
-    nbytes = count * elem
-    buf = torch.randn(count, device=device, dtype=torch.float32).to(dtype)
-    mine = _timed_allreduce(buf, args, device, rank)
+    inp, out = coll.buffers(collective, count, world, args.dtype, device)
+    mine = _timed(coll.make_call(collective, api, inp, out, rank, world), args, device, rank)
     per_rank = _gather_floats(mine, device, world)
     seconds = sum(per_rank) / world  # nccl-tests averages the time over ranks
     row = {
-        "size_bytes": nbytes, "count": count, "type": args.dtype, "redop": "sum",
+        "collective": collective,
+        "size_bytes": nbytes, "count": count, "type": args.dtype, "redop": coll.REDOP.get(collective, "none"),
         "time_us": seconds * 1e6,
         "rank_time_us": [t * 1e6 for t in per_rank],
         "algbw_gbps": algbw_gbps(nbytes, seconds) if world > 1 else None,
-        "busbw_gbps": busbw_gbps(nbytes, seconds, world) if world > 1 else None,
+        "busbw_gbps": busbw_gbps(nbytes, seconds, world, collective) if world > 1 else None,
         "wrong": None,
     }
     if args.check:
-        row["wrong"] = _count_wrong(buf, count, rank, world, args.dtype, device)
+        row["wrong"] = coll.count_wrong(collective, api, inp, out, count, rank, world, args.dtype, device)
     return row
 
 
@@ -305,31 +329,6 @@ def mark_stragglers(node_rows: list[dict], pct: float) -> tuple[list[str], list[
     return sorted(found), notes
 
 
-CHECK_CHUNK = 1 << 24  # elements per step of the #wrong check: bounded extra memory for 1 GiB buffers
-
-
-def _count_wrong(buf, count: int, rank: int, world: int, dtype: str, device: str) -> int:
-    """Fill with (i + rank) mod 3, all-reduce once, count elements off the known sum (all ranks)."""
-    import torch
-    import torch.distributed as dist
-
-    for lo in range(0, count, CHECK_CHUNK):
-        hi = min(count, lo + CHECK_CHUNK)
-        buf[lo:hi].copy_((torch.arange(lo, hi, device=device, dtype=torch.int64) + rank) % 3)
-    dist.all_reduce(buf)
-    table = torch.tensor(expected_sum_table(world), device=device, dtype=torch.float64)
-    tol = {"float16": 2.0**-10, "bfloat16": 2.0**-7}.get(dtype, 0.0)
-    wrong = 0
-    for lo in range(0, count, CHECK_CHUNK):
-        hi = min(count, lo + CHECK_CHUNK)
-        want = table[torch.arange(lo, hi, device=device, dtype=torch.int64) % 3]
-        diff = (buf[lo:hi].double() - want).abs()
-        wrong += int((diff > tol * want.abs().clamp(min=1.0)).sum())
-    t = torch.tensor([wrong], dtype=torch.int64, device=device)
-    dist.all_reduce(t)
-    return int(t.item())
-
-
 def _nccl_version() -> str | None:
     import torch
 
@@ -345,12 +344,27 @@ def _fmt(x: float | None) -> str:
     return "       n/a" if x is None else f"{x:10.3f}"
 
 
+def _summary(name: str, rows: list[dict], api: str | None, why: str | None, args, world: int) -> dict:
+    """One collective's figures over its rows (``collectives[name]`` in the result)."""
+    bw = [r["busbw_gbps"] for r in rows if r["busbw_gbps"] is not None]
+    return {"measured": api is not None, "why_not": why, "api": api, "sizes": len(rows),
+            "avg_busbw_gbps": common.mean(bw) if bw and world > 1 else None,
+            "max_busbw_gbps": max(bw) if bw and world > 1 else None,
+            "wrong_total": sum(r["wrong"] or 0 for r in rows) if args.check and api is not None else None}
+
+
+def _at_size(row: dict | None) -> dict | None:
+    return None if row is None else {k: row[k] for k in ("size_bytes", "busbw_gbps", "algbw_gbps")}
+
+
 def worker(args) -> int:
     import torch
     import torch.distributed as dist
 
     device = common.setup_device(args)
     sizes = _sizes(args)
+    backend = "nccl" if device == "cuda" else "gloo"
+    wanted = parse_collectives(args.collectives, backend)
     rank, world, local_rank = _init(device)
     if rank != 0:
         args.samples_out = None  # ranks of simulated nodes share the host: only rank 0 writes samples
@@ -358,19 +372,26 @@ def worker(args) -> int:
     sampler = (nvml_sampler.make_sampler(args.sample_hz) if local_rank == 0
                else nvml_sampler.NullSampler("sampled by local rank 0")).start()
     rows = []
+    calls: dict[str, tuple[str | None, str | None]] = {}
     nodes_info = None
     try:
         nodes, _ = _node_layout(rank, world, local_rank)
-        for size in sizes:
-            with sampler.phase(f"allreduce:{size}"):
-                row = _one_size(size, args, device, world, rank)
-            if row is None:
+        for name in wanted:
+            api, why = calls[name] = coll.choose_call(name, world, rank, backend, device)
+            if api is None:
+                if rank == 0:
+                    common.log(f"{name:>14}: not measured: {why}")
                 continue
-            rows.append(row)
-            if rank == 0:
-                common.log(f"{common.human_bytes(row['size_bytes']):>8} {row['time_us']:10.1f} us "
-                           f"algbw {_fmt(row['algbw_gbps'])} busbw {_fmt(row['busbw_gbps'])} GB/s "
-                           f"#wrong {row['wrong']}")
+            for size in sizes:
+                with sampler.phase(f"allreduce:{size}" if name == "all_reduce" else f"{name}:{size}"):
+                    row = _one_size(name, api, size, args, device, world, rank)
+                if row is None:
+                    continue
+                rows.append(row)
+                if rank == 0:
+                    common.log(f"{name:>14} {common.human_bytes(row['size_bytes']):>8} {row['time_us']:10.1f} us "
+                               f"algbw {_fmt(row['algbw_gbps'])} busbw {_fmt(row['busbw_gbps'])} GB/s "
+                               f"#wrong {row['wrong']}")
         if len(nodes) >= 2 and args.per_node:
             node_bytes = (common.parse_bytes(args.node_bytes) if args.node_bytes
                           else min(max(sizes), NODE_BYTES_CAP))
@@ -381,11 +402,15 @@ def worker(args) -> int:
         dist.destroy_process_group()
     if rank != 0:
         return 0
+    ar_rows = [r for r in rows if r["collective"] == "all_reduce"]
+    summaries = {name: _summary(name, [r for r in rows if r["collective"] == name], *calls[name], args, world)
+                 for name in wanted}
+    report_size = common.parse_bytes(args.report_size) if args.report_size else None
     result = common.base_result("allreduce")
     result.update(
         device=device,
         device_name=common.device_name(device),
-        backend="nccl" if device == "cuda" else "gloo",
+        backend=backend,
         torch=torch.__version__,
         nccl=_nccl_version() if device == "cuda" else None,
         world_size=world,
@@ -393,10 +418,16 @@ def worker(args) -> int:
         nnodes=len(nodes),
         node_names=[n["name"] for n in nodes],
         iters=args.iters, warmup=args.warmup,
-        results=rows,
-        avg_busbw_gbps=common.mean(r["busbw_gbps"] for r in rows) if world > 1 else None,
-        max_busbw_gbps=max((r["busbw_gbps"] for r in rows), default=None) if world > 1 else None,
-        wrong_total=sum(r["wrong"] or 0 for r in rows) if args.check else None,
+        results=ar_rows,
+        avg_busbw_gbps=summaries.get("all_reduce", {}).get("avg_busbw_gbps"),
+        max_busbw_gbps=summaries.get("all_reduce", {}).get("max_busbw_gbps"),
+        wrong_total=summaries.get("all_reduce", {}).get("wrong_total"),
+        results_all=rows,
+        collectives=summaries,
+        wrong_total_all=sum(r["wrong"] or 0 for r in rows) if args.check else None,
+        report_size_bytes=report_size,
+        at_size={name: _at_size(row_at_size([r for r in rows if r["collective"] == name], report_size))
+                 for name in wanted},
         utilization=summary,
         straggler_pct=args.straggler_pct,
         nodes=None, stragglers=[], straggler_notes=[],
@@ -414,9 +445,11 @@ def worker(args) -> int:
                                                                 if n["straggler"] else ""))
     elif len(nodes) >= 2:
         result["straggler_notes"] = ["per-node figures turned off (--no-per-node)"]
-    result["ok"] = bool(rows) and (not args.check or result["wrong_total"] == 0)
+    result["ok"] = bool(rows) and (not args.check or result["wrong_total_all"] == 0)
     if world > 1:
-        common.log(f"# Avg bus bandwidth: {result['avg_busbw_gbps']}")
+        for name, rec in summaries.items():
+            if rec["measured"]:
+                common.log(f"# {name} Avg bus bandwidth: {rec['avg_busbw_gbps']}")
     common.emit(result)
     return 0 if result["ok"] else 1
 
@@ -482,10 +515,14 @@ def launch_local(args, argv: list[str]) -> int:
 def build_parser():
     p = common.parser(
         "allreduce.py",
-        "All-reduce size sweep with nccl-tests' algbw, busbw and #wrong (NCCL on GPUs, gloo on the CPU).",
+        "Collective size sweep (all_reduce, all_gather, reduce_scatter, alltoall, sendrecv) with nccl-tests' "
+        "algbw, busbw and #wrong (NCCL on GPUs, gloo on the CPU).",
         epilog="examples:\n"
                "  python allreduce.py --device cpu --max-bytes 64K\n"
                "  python allreduce.py --nproc 2 --device cpu --sizes 8,1K,4K\n"
+               "  python allreduce.py --nproc 3 --device cpu --sizes 1K,64K --collectives all   # what gloo has\n"
+               "  torchrun --nproc-per-node 8 allreduce.py --collectives all_reduce,all_gather,alltoall "
+               "--report-size 1G\n"
                "  python allreduce.py --nproc 4 --ranks-per-node 1 --device cpu --sizes 64K   # 4 'nodes'\n"
                "  torchrun --nproc-per-node 8 allreduce.py --min-bytes 8 --max-bytes 1G\n",
     )
@@ -495,8 +532,14 @@ def build_parser():
     p.add_argument("--step-factor", "-f", type=int, default=2, help="size multiplier (default 2)")
     p.add_argument("--sizes", default=None, help="explicit comma list of sizes instead, e.g. 8,1K,1M")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="element type (default float32)")
-    p.add_argument("--iters", "-n", type=int, default=20, help="timed all-reduces per size (default 20)")
-    p.add_argument("--warmup", "-w", type=int, default=5, help="warm-up all-reduces per size (default 5)")
+    p.add_argument("--collectives", default="auto",
+                   help="comma list of " + ", ".join(coll.COLLECTIVES) + ", or all; default auto: all five with "
+                        "NCCL, all_reduce alone with gloo (the CPU), whose runs must stay quick")
+    p.add_argument("--report-size", default=None,
+                   help="at_size in the result: each collective's row at the largest size up to this "
+                        "(e.g. 1G; default: the largest size)")
+    p.add_argument("--iters", "-n", type=int, default=20, help="timed calls per size (default 20)")
+    p.add_argument("--warmup", "-w", type=int, default=5, help="warm-up calls per size (default 5)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the #wrong check")
     p.add_argument("--nproc", type=int, default=1,
                    help="start this many local ranks (default 1; ignored under torchrun)")
@@ -526,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
         return common.fail_usage("--straggler-pct must be within (0, 100]")
     try:
         _sizes(args)
+        parse_collectives(args.collectives, "nccl")
+        if args.report_size:
+            common.parse_bytes(args.report_size)
     except ValueError as exc:
         return common.fail_usage(str(exc))
     if "RANK" not in os.environ and args.nproc > 1:
