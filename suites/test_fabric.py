@@ -10,7 +10,8 @@ after an upgrade of the driver, OFED, the network operator, NCCL or the image. F
   pods a pair). A pair below 80% of its pool's reference (the median of its nodes' best pairs, which neither a slow
   node nor a slow link moves) is slow; each node of a slow pair is measured again with a known-good node. A node slow
   with a known-good node too fails ``fabric-node``; a pair slow while both its nodes are fine with others fails
-  ``fabric-link``. Each failure names the node or pair, its figure, the reference and the limit.
+  ``fabric-link``. Each failure names the node or pair, its figure, the reference and the limit. A pair whose job
+  did not run, or whose result holds a wrong element, fails ``fabric-pair-result`` with the pod's error.
 - **Transport truth.** The pods log NCCL's init and network lines (``NCCL_DEBUG=INFO``, ``NCCL_DEBUG_SUBSYS=INIT,NET``)
   and the workload reads, per rank, the network plugin and transport NCCL used between the nodes (InfiniBand with or
   without GPUDirect RDMA, RoCE, EFA through aws-ofi-nccl, GPUDirect-TCPX/TCPXO, Socket) and within a node (P2P/IPC,

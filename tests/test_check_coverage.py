@@ -31,6 +31,8 @@ BUILT = {
                                  "access-sibling-none"},                                       # test_access.CHECKS
     ("test_census.py", "v.check"): {"census-result", "census-matmul-pool", "census-matmul-datasheet",   # census.CHECKS
                                     "census-copy-pool", "census-copy-datasheet", "census-allreduce-pool"},
+    ("test_fabric.py", "finding.check"): {"fabric-pair-result", "fabric-node", "fabric-link", "fabric-transport",
+                                          "fabric-floor"},                              # fabric_checks.CHECKS
     ("test_monitoring.py", "f.check"): {"dcgm-metrics-parse", "dcgm-gpu-utilization", "dcgm-gpu-memory",
                                         "dcgm-host-label",                            # monitoring.CHECKS
                                         "prometheus-gpu-series", "prometheus-pod-label",      # and PROMETHEUS_CHECKS
