@@ -61,6 +61,10 @@ delays every timed call of that rank (every collective), to check the detection;
 ``GPUPROOF_TEST_CORRUPT_RANK=<rank>`` (and ``GPUPROOF_TEST_CORRUPT_COLLECTIVE``, default all) makes
 that rank spoil one output element before the #wrong check, to see the check fail.
 
+What carried the traffic: every rank reads its own NCCL log (``NCCL_DEBUG=INFO``: ``nccl_capture.py`` points it to a
+file of the rank's own) and rank 0 puts the reads per node in ``fabric.by_node`` (transport between nodes, within a
+node, the line that decided, fall-back warnings, HCAs the pod sees); on the CPU the ranks talk gloo over TCP.
+
 Only global rank 0 prints the JSON result.
 """
 
@@ -75,6 +79,7 @@ import tempfile
 import time
 
 import collectives as coll
+import nccl_capture
 import nvml_sampler
 import workload_common as common
 from collectives import BUSBW_FACTORS, CHECK_CHUNK, algbw_gbps, busbw_gbps, expected_sum_table  # noqa: F401
@@ -365,6 +370,7 @@ def worker(args) -> int:
     sizes = _sizes(args)
     backend = "nccl" if device == "cuda" else "gloo"
     wanted = parse_collectives(args.collectives, backend)
+    nccl_file = nccl_capture.prepare(int(os.environ.get("RANK", "0")), device)   # before NCCL starts
     rank, world, local_rank = _init(device)
     if rank != 0:
         args.samples_out = None  # ranks of simulated nodes share the host: only rank 0 writes samples
@@ -397,6 +403,9 @@ def worker(args) -> int:
                           else min(max(sizes), NODE_BYTES_CAP))
             with sampler.phase("allreduce:per-node"):
                 nodes_info = per_node(args, device, world, rank, nodes, node_bytes)
+        # what each rank's NCCL (or gloo) used, per node at rank 0 (workloads/nccl_capture.py)
+        reads: list = [None] * world
+        dist.all_gather_object(reads, nccl_capture.local(nccl_file, device, rank))
     finally:
         summary = nvml_sampler.finish(sampler, args)
         dist.destroy_process_group()
@@ -431,6 +440,8 @@ def worker(args) -> int:
         utilization=summary,
         straggler_pct=args.straggler_pct,
         nodes=None, stragglers=[], straggler_notes=[],
+        fabric={"backend": backend, "by_node": nccl_capture.by_node(
+            reads, [next(n["name"] for n in nodes if r in n["ranks"]) for r in range(world)])},
     )
     if world == 1:
         result["no_bandwidth_reason"] = ONE_RANK_REASON
