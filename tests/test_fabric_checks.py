@@ -144,3 +144,23 @@ CHECKS_FAILED_HERE = {c for *_, want in CASES.values() for c, _, _ in want}
 
 def test_every_fabric_check_has_a_case():
     assert set(fabric_checks.CHECKS) | {"fabric-ring-result"} == CHECKS_FAILED_HERE
+
+
+def test_the_rings_records_keep_all_reduces_parameters_and_add_each_collectives():
+    """all_reduce's records are what earlier runs wrote (a report still joins them); the other collectives' carry
+    their name."""
+    from gpuproof.bench import get
+
+    row = {"size_bytes": 1 << 20, "type": "float32", "redop": "sum", "busbw_gbps": 1.5, "algbw_gbps": 1.0,
+           "time_us": 9.0, "wrong": 0}
+    result = {"device": "cpu", "backend": "gloo", "world_size": 4, "nnodes": 4,
+              "results": [{**row, "collective": "all_reduce"}],
+              "results_all": [{**row, "collective": "all_reduce"}, {**row, "collective": "all_gather", "redop": "none"}],
+              "collectives": {"all_reduce": {"measured": True, "avg_busbw_gbps": 1.5, "wrong_total": 0},
+                              "all_gather": {"measured": True, "avg_busbw_gbps": 0.7, "wrong_total": 0},
+                              "reduce_scatter": {"measured": False, "why_not": "gloo runs it as an all-reduce"}},
+              "avg_busbw_gbps": 1.5, "max_busbw_gbps": 1.5, "wrong_total": 0}
+    recs = get("allreduce").to_records(result, node="4 nodes", product="P")
+    busbw = {(r.parameters.get("collective"), r.metric) for r in recs if "busbw" in r.metric}
+    assert busbw == {(None, "busbw_gbps"), (None, "avg_busbw_gbps"), (None, "max_busbw_gbps"),
+                     ("all_gather", "busbw_gbps"), ("all_gather", "avg_busbw_gbps")}

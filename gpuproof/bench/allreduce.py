@@ -20,7 +20,7 @@ class AllReduce(Benchmark):
                    "per-node figures and stragglers across nodes; no bandwidth with one rank")
     defaults = {"min_bytes": "8", "max_bytes": "1G", "sizes": None, "dtype": "float32", "iters": 20, "warmup": 5,
                 "nproc": 1, "sample_hz": 10.0, "threads": None, "straggler_pct": None, "node_bytes": None,
-                "ranks_per_node": None}
+                "ranks_per_node": None, "collectives": None, "report_size": None}
     # stragglers judged at base.CPU_PEER_PCT on the CPU (80% named a healthy kubelet node in the CI's lab run: 0.172
     # against a median of 0.224 GB/s over 2 nodes, measured beside the other tests' load)
     cpu_defaults = {"max_bytes": "64M", "straggler_pct": CPU_PEER_PCT}
@@ -30,7 +30,8 @@ class AllReduce(Benchmark):
     flags = {"device": "--device", "min_bytes": "--min-bytes", "max_bytes": "--max-bytes", "sizes": "--sizes",
              "dtype": "--dtype", "iters": "--iters", "warmup": "--warmup", "nproc": "--nproc",
              "sample_hz": "--sample-hz", "threads": "--threads", "straggler_pct": "--straggler-pct",
-             "node_bytes": "--node-bytes", "ranks_per_node": "--ranks-per-node"}
+             "node_bytes": "--node-bytes", "ranks_per_node": "--ranks-per-node", "collectives": "--collectives",
+             "report_size": "--report-size"}
     timeout_s = 3600
 
     shared_options = ("sizes",)             # message sizes (matmul's are matrices)
@@ -70,7 +71,28 @@ class AllReduce(Benchmark):
             self.record("max_busbw_gbps", result.get("max_busbw_gbps"), "GB/s", base, node, product),
             self.record("wrong_total", result.get("wrong_total"), "count", base, node, product),
         ]
+        recs += self._other_collectives(result, base, node, product)
         return present(recs) + extra + self.utilization_records(result, node, product)
+
+    def _other_collectives(self, result: dict, base: dict, node: str, product: str) -> list[MetricRecord]:
+        """all_gather, reduce_scatter, alltoall, sendrecv: the same columns, each under its ``collective`` (all_reduce's
+        records keep their parameters as before, so a report still joins them with earlier runs')."""
+        recs = []
+        for r in result.get("results_all") or []:
+            if r.get("collective", "all_reduce") == "all_reduce":
+                continue
+            p = {**base, "collective": r["collective"], "size_bytes": r["size_bytes"], "dtype": r["type"]}
+            recs += [self.record("busbw_gbps", r.get("busbw_gbps"), "GB/s", p, node, product),
+                     self.record("algbw_gbps", r.get("algbw_gbps"), "GB/s", p, node, product),
+                     self.record("time_us", r.get("time_us"), "us", p, node, product),
+                     self.record("wrong", r.get("wrong"), "count", p, node, product)]
+        for name, summary in (result.get("collectives") or {}).items():
+            if name == "all_reduce" or not summary.get("measured"):
+                continue
+            p = {**base, "collective": name}
+            recs += [self.record("avg_busbw_gbps", summary.get("avg_busbw_gbps"), "GB/s", p, node, product),
+                     self.record("wrong_total", summary.get("wrong_total"), "count", p, node, product)]
+        return recs
 
     def _node_records(self, result: dict, base: dict, node: str, product: str) -> list[MetricRecord]:
         """No-bandwidth note (one rank), per-node bus bandwidth and stragglers (records carry the node)."""
