@@ -232,58 +232,6 @@ def workload_job(name: str, script: str, args: Iterable[str] = (), *, labels: di
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": pod["metadata"], "spec": job_spec}
 
 
-def allreduce_multinode(name: str, nnodes: int, gpus_per_node: int, args: Iterable[str] = (), *,
-                        labels: dict, namespace: str, image: str = DEFAULT_IMAGE, resource: str = GPU_RESOURCE,
-                        product: str | None = None, port: int = RDZV_PORT, configmap_name: str = CONFIGMAP_NAME,
-                        env: dict | None = None, deadline_s: int = 3600,
-                        rendezvous_timeout_s: int = 600, tolerations: list[dict] | None = None) -> list[dict]:
-    """A headless Service and an indexed Job: one pod per node, torchrun on each.
-
-    Pods get stable DNS names ``<name>-<index>.<name>`` (hostname + subdomain); rank 0's
-    store listens on ``<name>-0.<name>:<port>`` and every pod's torchrun joins it with
-    ``--node-rank=$JOB_COMPLETION_INDEX``. A required pod anti-affinity keeps one pod
-    per node. The all-reduce result (JSON) is in the logs of the index-0 pod.
-    """
-    _check_name(name, max_len=50)  # room for "-<index>-<suffix>" in pod names
-    if nnodes < 1 or gpus_per_node < 1:
-        raise ValueError("nnodes and gpus_per_node must be >= 1")
-    own = _own_labels(name, "allreduce")
-    master = f"{name}-0.{name}"
-    torchrun = " ".join([
-        "exec torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={gpus_per_node}",
-        '--node-rank="${JOB_COMPLETION_INDEX}"', f"--master-addr={master}", f"--master-port={port}",
-        script_path("allreduce"), *(_shell_quote(str(a)) for a in args),
-    ])
-    # the index-0 pod's DNS name appears once that pod exists: wait for it, bounded in time
-    wait_dns = (f'i=0; until getent hosts {master} >/dev/null; do i=$((i+1)); '
-                f'if [ $i -gt {rendezvous_timeout_s} ]; then echo "no DNS for {master} after '
-                f'{rendezvous_timeout_s}s" >&2; exit 1; fi; sleep 1; done; ')
-    vols, mounts = _volumes(configmap_name, shm=True, image=image)
-    container = _container("allreduce", image, ["sh", "-c", wait_dns + torchrun], gpus_per_node, resource,
-                           mounts, env)
-    container["ports"] = [{"containerPort": port, "name": "rendezvous"}]
-    # the all-reduce names each node in its per-node figures (and stragglers) by this
-    container["env"].append({"name": "GPUPROOF_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
-    spec = _pod_spec(container, vols, gpus_per_node, product, None, tolerations=tolerations)
-    spec["subdomain"] = name
-    spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {WORKLOAD_LABEL: name}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    service = {
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": _meta(name, namespace, labels, own),
-        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {WORKLOAD_LABEL: name},
-                 "ports": [{"name": "rendezvous", "port": port, "targetPort": port}]},
-    }
-    job = {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": _meta(name, namespace, labels, own),
-        "spec": {"completionMode": "Indexed", "completions": nnodes, "parallelism": nnodes,
-                 "backoffLimit": 0, "activeDeadlineSeconds": deadline_s, "ttlSecondsAfterFinished": 3600,
-                 "template": {"metadata": {"labels": {**own, **labels}}, "spec": spec}},
-    }
-    return [service, job]
-
-
 def inference_manifests(name: str, *, labels: dict, namespace: str, image: str = DEFAULT_IMAGE,
                         gpus: int = 1, resource: str = GPU_RESOURCE, product: str | None = None,
                         node: str | None = None, server_args: Iterable[str] = (), port: int = INFERENCE_PORT,
