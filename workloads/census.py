@@ -12,7 +12,8 @@ is held back), and a median of single iterations keeps the fast ones and drops t
 process runs most iterations at full speed and stalls in a few; its median hid a node held to 10% of a core).
 
 On nodes with 2 or more GPUs, ``allreduce``: one all-reduce over one tensor per GPU in this one
-process (``torch.cuda.nccl.all_reduce``), busbw = algbw x 2(n-1)/n (nccl-tests' definition,
+process (``torch.cuda.nccl.all_reduce``; what NCCL used within the node, read from its own log, in
+``allreduce.transport``), busbw = algbw x 2(n-1)/n (nccl-tests' definition,
 allreduce.py). Per GPU the datasheet figures of its product (``peak_tflops``: dense peak of the
 dtype it ran; ``peak_hbm_gbps``: its memory bandwidth; gpuproof's product catalog, datasheet.py) when known.
 
@@ -30,12 +31,14 @@ and the checks (copy equal, all-reduce sum) held; 1 when one failed (a CUDA erro
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import allreduce
 import health
 import matmul
+import nccl_capture
 import workload_common as common
 
 DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -272,8 +275,16 @@ def main(argv: list[str] | None = None) -> int:
         ar["reason"] = (f"{len(devices)} GPU measured: no intra-node all-reduce" if gpus[0].get("index") is not None
                         else f"no NVML GPU ({nvml_reason}): no intra-node all-reduce")
     else:
+        nccl_file = None
+        if device == "cuda":            # what NCCL used within the node: its own lines, read back (nccl_capture.py)
+            os.environ.setdefault("NCCL_DEBUG", "INFO")
+            os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,P2P,SHM,NVLS")
+            nccl_file = nccl_capture.prepare(0, device)
         try:
             ar.update(measure_allreduce(devices, sizes["allreduce_mib"] * 2**20, args.iters, args.warmup, min_s))
+            if device == "cuda":
+                ar["nccl"] = nccl_capture.local(nccl_file, device, 0)
+                ar["transport"] = ",".join(ar["nccl"].get("intra") or []) or None
         except (RuntimeError, MemoryError) as exc:
             ar["error"] = _first_line(exc)
         if ar["error"] or ar.get("check_ok") is False:
