@@ -118,7 +118,7 @@ def test_floor_overrides():
     assert pct == 70
     ib = [f for f in found if f.transport == "IB"]
     assert ib and all(f.busbw_gbps == 45 and f.source.startswith(plan.FLOORS_ENV) for f in ib)
-    assert plan.settings({}, device="cpu")[0] == 50.0 and plan.settings({})[0] == plan.DEFAULT_POOL_PCT
+    assert plan.settings({}, device="cpu")[0] == plan.CPU_POOL_PCT and plan.settings({})[0] == plan.DEFAULT_POOL_PCT
     for bad, words in (("pool=150", "100 at most"), ("ib", "not name=number"), ("ib=0", "above 0")):
         with pytest.raises(GpuproofError, match=words):
             plan.settings({plan.FLOORS_ENV: bad})

@@ -34,6 +34,8 @@ from ..vocab import circle_rounds, default_rounds, pair_rounds  # noqa: F401  (t
 Pair = tuple[str, str]
 DEFAULT_POOL_PCT = 80.0            # a pair below 80% of its pool's reference is slow (nccl-tests figures of one
                                    # fabric run within a few percent of each other; a degraded link at half or less)
+CPU_POOL_PCT = 25.0                # on the CPU path (gloo between kubelet nodes on one machine) pairs measured side by
+                                   # side share its cores; a link shaped by tc runs 20 times slower or more
 FLOORS_ENV = "GPUPROOF_FABRIC_FLOORS"
 PAIRS_ENV = "GPUPROOF_FABRIC_PAIRS"         # "all": every pair (n-1 rounds), else a number of rounds
 SEP = "<->"
@@ -248,7 +250,7 @@ def parse_overrides(text: str) -> dict[str, float]:
     return out
 
 
-def settings(environ=None, device: str = "cuda", cpu_pct: float = 50.0) -> tuple[float, list[Floor]]:
+def settings(environ=None, device: str = "cuda", cpu_pct: float = CPU_POOL_PCT) -> tuple[float, list[Floor]]:
     """(pool percent, floors) for this run: the defaults (on the CPU path ``cpu_pct``: pods measured at once share
     one machine's cores) and the catalog's floors, under ``GPUPROOF_FABRIC_FLOORS``."""
     over = parse_overrides((os.environ if environ is None else environ).get(FLOORS_ENV, ""))
