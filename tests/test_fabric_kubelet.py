@@ -26,6 +26,27 @@ def test_the_network_faults_parse_and_shape_both_ends_of_a_link():
     assert [pool.slow_links(i) for i in range(5)] == [{1: 20}, {0: 20}, {}, {}, {}]
 
 
+def test_tc_shapes_the_slow_nodes_both_directions_and_the_links_two_ends(monkeypatch):
+    """What shape_network asks of tc (the commands, not run): the slow node's eth0 default class and its veth's token
+    bucket on the host; each end of the slow link a class and filters for the other's address and pod range."""
+    from gpuproof.sim.kubelet import faults
+    from gpuproof.sim.kubelet.layout import Node, State
+
+    pool = parse_fleet(FLEET, source="fabric.yaml").pools[0]
+    nodes = [Node(name, i, {}, [], 110) for i, name in enumerate(pool.node_names())]
+    state = State(cluster="ab12", subnet=30, api_port=1, nodes=[n.name for n in nodes])
+    calls = []
+    monkeypatch.setattr(faults, "_tc", lambda st, i, *args: calls.append((i, " ".join(args))))
+    done = faults.shape_network(state, [(n, pool) for n in nodes], lambda msg: None)
+    assert done == {"a100-0": "its link to a100-1 at 20 Mbit/s", "a100-1": "its link to a100-0 at 20 Mbit/s",
+                    "a100-4": "its network at 20 Mbit/s"}
+    assert (4, "qdisc add dev eth0 root handle 1: htb default 1") in calls
+    assert (None, "qdisc add dev gpkab12h4 root tbf rate 20mbit burst 64kb latency 400ms") in calls
+    assert (0, "filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.251.1.0/24 flowid 1:10") in calls
+    assert (1, "filter add dev eth0 parent 1: protocol ip u32 match ip dst 10.250.30.10/32 flowid 1:10") in calls
+    assert not [c for c in calls if c[0] in (2, 3)]
+
+
 @pytest.mark.parametrize("fault, field, words", [
     ({"node": 0, "netRateMbit": 0}, "netRateMbit", "1 to 100000"),
     ({"node": 0, "slowLinks": [{"to": 0, "rateMbit": 5}]}, "slowLinks", "not it"),

@@ -157,7 +157,7 @@ def shape_network(state, wanted: list[tuple], progress: Progress) -> dict[str, s
     for node, pool in wanted:
         index = pool.node_names().index(node.name)
         rate = pool.net_rate_mbit(index)
-        links = {by_name[pool.node_names()[to]]: mbit for to, mbit in pool.slow_links(index).items()
+        links = {pool.node_names()[to]: mbit for to, mbit in pool.slow_links(index).items()
                  if pool.node_names()[to] in by_name}
         if rate is None and not links:
             continue
@@ -168,8 +168,8 @@ def shape_network(state, wanted: list[tuple], progress: Progress) -> dict[str, s
         if rate:
             _tc(state, node.index, "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:1", "htb",
                 "rate", f"{rate}mbit")
-        for k, (other, mbit) in enumerate(sorted(links.items(), key=lambda x: x[0].name), start=10):
-            mbit = min(mbit, rate or mbit)
+        for k, (name, mbit) in enumerate(sorted(links.items()), start=10):
+            other, mbit = by_name[name], min(mbit, rate or mbit)
             _tc(state, node.index, "class", "add", "dev", "eth0", "parent", "1:", "classid", f"1:{k}", "htb",
                 "rate", f"{mbit}mbit")
             for dst in (other.pod_cidr, f"{other.ip(state.subnet)}/32"):
@@ -180,7 +180,7 @@ def shape_network(state, wanted: list[tuple], progress: Progress) -> dict[str, s
                 "burst", "64kb", "latency", "400ms")
         done[node.name] = ", ".join(
             ([f"its network at {rate} Mbit/s"] if rate else [])
-            + [f"its link to {o.name} at {m} Mbit/s" for o, m in sorted(links.items(), key=lambda x: x[0].name)])
+            + [f"its link to {o} at {m} Mbit/s" for o, m in sorted(links.items())])
     if done:
         progress("network shaped by tc: " + "; ".join(f"{n}: {what}" for n, what in sorted(done.items()))
                  + " (netRateMbit, slowLinks)")
