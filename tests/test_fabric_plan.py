@@ -82,13 +82,16 @@ def test_a_slow_link_is_named_and_its_nodes_are_not(count):
     assert v.bad_links[link].startswith("n0<->n1 4 GB/s, below 80%")
 
 
-def test_no_known_good_node_a_node_slow_with_every_partner_is_still_told():
-    """Three nodes, one slow: both of the others have a slow pair, so nobody is known-good; the slow node is the one
-    slow with every partner."""
+def test_a_node_slow_with_every_partner_is_told_with_or_without_a_retest():
+    """Three nodes, one slow: the others' only slow pairs are with it, so they are the known-good ones it is measured
+    again with; had no retest run, being slow with every partner tells it alone."""
     nodes = ["a", "b", "c"]
     rounds = plan.pair_rounds(nodes)
     j = plan.judge(figures(nodes, rounds, slow_node="c"))
-    assert j.good == [] and plan.retests(j) == []
+    assert j.every == ["c"] and j.good == ["a", "b"]
+    again = {p: SLOW for r in plan.retests(j) for p in r}
+    assert list(again) == [("a", "c")]
+    assert "measured again with known-good a" in plan.verdicts(j, again).bad_nodes["c"]
     v = plan.verdicts(j, {})
     assert list(v.bad_nodes) == ["c"] and "no known-good node" in v.bad_nodes["c"]
 
@@ -122,3 +125,17 @@ def test_floor_overrides():
     for bad, words in (("pool=150", "100 at most"), ("ib", "not name=number"), ("ib=0", "above 0")):
         with pytest.raises(GpuproofError, match=words):
             plan.settings({plan.FLOORS_ENV: bad})
+
+
+def test_every_pair_a_slow_node_and_a_slow_link_at_once():
+    """Five nodes, every pair: a slow node is in a pair with everybody, so no node's pairs are all fast; the nodes
+    whose only slow pair is with the slow node are the known-good ones (the kubelet run's fleet)."""
+    nodes = [f"n{i}" for i in range(5)]
+    rounds = plan.pair_rounds(nodes, every_pair=True)
+    j = plan.judge(figures(nodes, rounds, slow_node="n4", slow_link=("n0", "n1")))
+    assert j.every == ["n4"] and j.good == ["n2", "n3"]
+    again = {p: (SLOW if "n4" in p else FAST) for r in plan.retests(j) for p in r}
+    assert {n for p in again for n in p} >= {"n0", "n1", "n4"}
+    v = plan.verdicts(j, again)
+    assert list(v.bad_nodes) == ["n4"] and list(v.bad_links) == [("n0", "n1")] and not v.undecided, v
+    assert "measured again with known-good" in v.bad_nodes["n4"]

@@ -10,9 +10,10 @@ Pure: no cluster here. :mod:`gpuproof.bench.fabric` runs the pairs this module p
   A slow node drags only its own best down and a slow link nobody's, so neither moves the reference (a plain median
   of pairs moves: a slow node is in two of every n pairs of a ring). A pair below ``pct`` % of it is slow.
 - **Measured again** (:func:`retests`): each node of a slow pair is paired with a known-good node (every pair of it
-  above the limit), as GoogleCloudPlatform's cluster-health-scanner does before it blames a node.
+  above the limit, but those with a node slow with every partner), as GoogleCloudPlatform's cluster-health-scanner
+  does before it blames a node.
 - **Verdicts** (:func:`verdicts`): a node is bad when its pair with a known-good node is slow too (or, with no
-  known-good node to try, when every pair of it is slow and it has two or more); a link is bad when its pair is slow
+  known-good node to try, when it is slow with every partner, two or more); a link is bad when its pair is slow
   and neither node is. Every verdict names the pair or node, its figure, the pool's reference and the limit.
 - **Floors** (:func:`floors`): the catalog's ``fabricFloors`` (per interconnect, each with its source), judged
   only at messages of their ``minBytes`` or more and only where NCCL's transport read in the run is the floor's.
@@ -82,6 +83,7 @@ class Judgement:
     good: list[str]                           # nodes whose every pair is above the limit
     partners: dict[str, list[Pair]]           # node -> its pairs (measured, not retests)
     figures: dict[Pair, float | None]
+    every: list[str] = dataclasses.field(default_factory=list)   # nodes slow with every partner (two or more)
 
     @property
     def limit(self) -> float | None:
@@ -106,15 +108,18 @@ def judge(figures: dict[Pair, float | None], pct: float = DEFAULT_POOL_PCT) -> J
     reference = statistics.median(best.values()) if len(best) >= 3 or (len(best) == 2 and len(figures) > 1) else None
     limit = None if reference is None else reference * pct / 100.0
     slow = {p: v for p, v in figures.items() if v is not None and limit is not None and v < limit}
-    good = sorted(n for n, ps in partners.items()
-                  if all(figures[p] is not None for p in ps) and not any(p in slow for p in ps))
-    return Judgement(pct, reference, slow, good, partners, figures)
+    # slow with every partner (two or more): the likely bad nodes; a node whose only slow pairs are with them is good
+    every = sorted(n for n, ps in partners.items() if len(ps) >= 2 and all(p in slow for p in ps))
+    good = sorted(n for n, ps in partners.items() if n not in every and all(figures[p] is not None for p in ps)
+                  and not any(p in slow and not set(p) & set(every) for p in ps))
+    return Judgement(pct, reference, slow, good, partners, figures, every)
 
 
 def retests(j: Judgement) -> list[list[Pair]]:
     """Rounds of disjoint pairs that measure each node of a slow pair again with a known-good node. Nodes of a slow
     pair with no known-good node left get none (:func:`verdicts` says so)."""
-    suspects = sorted({n for p in j.slow for n in p})
+    # a slow pair with a node slow with every partner suspects that node; any other slow pair both of its nodes
+    suspects = sorted({n for p in j.slow for n in (set(p) & set(j.every) or p)})
     if not j.good:
         return []
     out: list[list[Pair]] = []
@@ -155,15 +160,15 @@ def verdicts(j: Judgement, again: dict[Pair, float | None]) -> Verdicts:
             bad[suspect] = f"measured again with known-good {other}: no figure (the pair did not run)"
         elif value < limit:
             slow_with = ", ".join(f"{pair_name(p)} {j.slow[p]:.3g}" for p in j.partners[suspect] if p in j.slow)
-            bad[suspect] = (f"slow with every partner: {slow_with} GB/s, and measured again with known-good {other} "
+            every = "slow with every partner" if suspect in j.every else "slow"
+            bad[suspect] = (f"{every}: {slow_with} GB/s, and measured again with known-good {other} "
                             f"{j.words(value)}")
     tried = {n for p in again for n in p}
-    if not j.good:              # nothing to measure against: only a node slow with every partner can be told
-        for node, pairs in j.partners.items():
-            if len(pairs) >= 2 and all(p in j.slow for p in pairs):
-                figs = ", ".join(f"{pair_name(p)} {j.slow[p]:.3g}" for p in pairs)
-                bad[node] = (f"slow with every partner ({figs} GB/s; no known-good node to measure it against), each "
-                             f"below {j.pct:g}% ({limit:.3g} GB/s) of the pool's reference {j.reference:.3g} GB/s")
+    for node in j.every:        # no known-good node to measure it against: slow with every partner tells it alone
+        if node not in tried:
+            figs = ", ".join(f"{pair_name(p)} {j.slow[p]:.3g}" for p in j.partners[node])
+            bad[node] = (f"slow with every partner ({figs} GB/s; no known-good node to measure it against), each "
+                         f"below {j.pct:g}% ({limit:.3g} GB/s) of the pool's reference {j.reference:.3g} GB/s")
     links, undecided = {}, {}
     for pair, value in j.slow.items():
         if any(n in bad for n in pair):
