@@ -57,6 +57,14 @@ def whole_gpu_pools(discovery, gpu_products: dict) -> dict[tuple[str, int], list
     return {k: sorted(v) for k, v in sorted(pools.items()) if len(v) >= 2}
 
 
+def pools_or_skip(target, discovery, gpu_products: dict) -> dict[tuple[str, int], list[str]]:
+    bench_checks.require_real_gpus(target, discovery, gpu_products)
+    pools = whole_gpu_pools(discovery, gpu_products)
+    if not pools:
+        pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
+    return pools
+
+
 def pod_plan(run, discovery, nodes: list[str], gpus: int, device: str) -> fabric.PodPlan:
     known = {n: discovery.node(n) for n in nodes}
     return fabric.PodPlan(image=bench_checks.image(run), gpus=gpus if device == "cuda" else 1,
@@ -80,10 +88,7 @@ def record(check, finding: fabric_checks.Finding) -> None:
                      requests="all GPUs of each node, and the fabric resources it advertises")
 @pytest.mark.creates("Service", "fab-<run>-<n>", "per pair", note="headless: pod 0's DNS name for the rendezvous")
 def test_fabric_pairs(target, run, run_dir, gpu_products, discovery, fanout, check):
-    bench_checks.require_real_gpus(target, discovery, gpu_products)
-    pools = whole_gpu_pools(discovery, gpu_products)
-    if not pools:
-        pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
+    pools = pools_or_skip(target, discovery, gpu_products)
     device = bench_checks.device(run)
     every, rounds = fabric_plan.schedule_from_env()
     pct, floors = fabric_plan.settings(device=device)
@@ -104,10 +109,7 @@ def test_fabric_pairs(target, run, run_dir, gpu_products, discovery, fanout, che
                      requests="all GPUs of each node, and the fabric resources it advertises")
 @pytest.mark.creates("Service", "fab-<run>-<n>", "per pool", note="headless")
 def test_fabric_ring(target, run, run_dir, gpu_products, discovery, fanout, check):
-    bench_checks.require_real_gpus(target, discovery, gpu_products)
-    pools = whole_gpu_pools(discovery, gpu_products)
-    if not pools:
-        pytest.skip("no GPU product has two nodes or more with whole (unshared, non-MIG) GPUs")
+    pools = pools_or_skip(target, discovery, gpu_products)
     device = bench_checks.device(run)
     _, ring_params = fabric.params_for(device, quick=getattr(run, "quick_bench", False))
     for (product, gpus), nodes in pools.items():
