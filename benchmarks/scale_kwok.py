@@ -57,10 +57,12 @@ def fleet_file(path: Path, nodes: int, slow: int) -> Path:
 
 
 class InFlight:
-    """Pods with the fan-out's label that exist now, from one watch (events arrive in the API server's order)."""
+    """Pods with the fan-out's label (or ``selector``'s) that exist now, from one watch (events arrive in the API
+    server's order)."""
 
-    def __init__(self, kubeconfig: str):
+    def __init__(self, kubeconfig: str, selector: str = FANOUT_LABEL):
         self.client = connect(kubeconfig=kubeconfig)
+        self.selector = selector
         self.live: set[tuple[str, str]] = set()
         self.most = 0
         self.created = 0
@@ -81,7 +83,7 @@ class InFlight:
 
     def _list(self) -> str:
         """List the pods (the truth after a lost watch); returns the resource version to watch from."""
-        resp = self.client.core.list_pod_for_all_namespaces(label_selector=FANOUT_LABEL)
+        resp = self.client.core.list_pod_for_all_namespaces(label_selector=self.selector)
         with self.lock:
             self.live = {(p.metadata.namespace, p.metadata.name) for p in resp.items
                          }
@@ -96,7 +98,7 @@ class InFlight:
         while not self.stop.is_set():
             w = watch.Watch()
             try:
-                for ev in w.stream(core.list_pod_for_all_namespaces, label_selector=FANOUT_LABEL,
+                for ev in w.stream(core.list_pod_for_all_namespaces, label_selector=self.selector,
                                    resource_version=rv, timeout_seconds=30, allow_watch_bookmarks=True):
                     obj = ev["object"]
                     if ev["type"] == "BOOKMARK":

@@ -13,6 +13,16 @@ gpuproof's workloads run over NVIDIA's mock NVML on this machine's CPU. Per node
 the recording's GPU UUIDs become the node's (the UUIDs NVIDIA's mock gives the node's GPUs, seeded ``<fleet>/<node>``
 as a kubelet node's mock is) and the recording's host name becomes the pod's name (a pod's host name).
 A node with the fault ``replaySlow`` gets the census recorded under a CPU quota (really measured slower).
+
+The fabric suite's pairs (gpuproof.bench.fabric: a headless Service and pods ``<vocab.fabric_job(pair)>-0`` and
+``-1``, container ``fabric``; gpuproof reads pod ``-0``'s log): pod names follow from the nodes alone, so the pairs
+the suite's default schedule will measure (``vocab.pair_rounds``) are known when the fleet loads. Pod ``-0`` of
+each returns a recording of the real pair workload (``workloads/allreduce.py`` between two network namespaces under
+torchrun, as the suite runs it on the CPU path), its two nodes' names rewritten to the pair's; pod ``-1`` completes
+as its rank's container would. A node's fault ``replaySlowLink: <index>`` makes its pair with that node return the
+pair recorded over a link really shaped by the kernel (``tc``: 20 Mbit/s); every pair that the suite may then measure
+again (either node of the slow link with any other node: ``-again``) returns a normal recording. Other schedules
+(``GPUPROOF_FABRIC_PAIRS``) and the ring over all nodes have no recording.
 Other pods on replay nodes (no recording covers them) run on, as on any kwok node.
 
 The device plugin's pod: a replay node's GPU labels and resources are what NVIDIA's GFD and device plugin wrote over
@@ -30,13 +40,14 @@ import json
 import re
 from pathlib import Path
 
-from ..vocab import name_on
+from ..vocab import fabric_job, name_on, pair_rounds
 from .fleet import REPLAY_NODE_LABEL
 
 RECORDINGS = Path(__file__).parent / "recordings"
 INDEX = RECORDINGS / "index.json"
 ANNOTATION_VALUE = "replay"
 CONTAINER = "workload"           # the container gpuproof's workload pods run in (gpuproof.bench.workloads)
+FABRIC_CONTAINER = "fabric"     # ... and the fabric suite's (gpuproof.bench.fabric), pods named fab-<hex>-<i>
 PROBE_GPUS = 2                   # the topology check's probe asks for 2 GPUs (gpuproof/suites/test_topology.py)
 
 
@@ -69,6 +80,7 @@ class Recording:
     kind: str                 # normal | slow
     uuids: tuple[str, ...]    # the recording's GPU UUIDs, in NVML index order
     host: str                 # the host name the workload wrote
+    nodes: tuple[str, ...] = ()   # fabric: the node names the ranks wrote (node_names, fabric.by_node), in order
 
     @property
     def path(self) -> Path:
@@ -92,7 +104,8 @@ def load(index: Path = INDEX) -> Recordings | None:
     except (OSError, ValueError):
         return None
     return Recordings(data["product"], data["gpus"],
-                      tuple(Recording(r["file"], r["workload"], r["kind"], tuple(r["uuids"]), r["host"])
+                      tuple(Recording(r["file"], r["workload"], r["kind"], tuple(r["uuids"]), r["host"],
+                                      tuple(r.get("nodes") or ()))
                             for r in data["recordings"]))
 
 
@@ -170,9 +183,54 @@ def _rewrite(text: str, rec: Recording, uuids: list[str], host: str) -> str:
     return text.replace(f'"host": {json.dumps(rec.host)}', f'"host": {json.dumps(host)}')
 
 
+def _rename_nodes(text: str, rec: Recording, nodes: tuple[str, ...]) -> str:
+    """The recording's node names (whole words: in JSON strings and log lines alike) become ``nodes``, in order."""
+    names = dict(zip(rec.nodes, nodes))
+    if not names:
+        return text
+    pattern = re.compile(r"(?<![\w.-])(" + "|".join(map(re.escape, names)) + r")(?![\w.-])")
+    return pattern.sub(lambda m: names[m.group(1)], text)
+
+
+def slow_links(pool) -> set[tuple[str, str]]:
+    """The pool's links (node pairs, sorted) with the fault ``replaySlowLink``."""
+    names = pool.node_names()
+    return {tuple(sorted((names[i], names[f.replay_slow_link]))) for i in range(pool.count)
+            for f in pool.faults_for(i) if f.replay_slow_link is not None}
+
+
+def fabric_pairs(pool) -> dict[str, tuple[tuple[str, str], str]]:
+    """Pod ``-0`` of each fabric pair the suite's default schedule measures on ``pool``, and of each pair it may
+    measure again after a slow link (either node with any other): pod name -> (the pair, sorted, as the suite orders
+    its pods; ``slow`` or ``normal``)."""
+    names = pool.node_names()
+    slow = slow_links(pool)
+    out: dict[str, tuple[tuple[str, str], str]] = {}
+    for pairs in pair_rounds(names):
+        for pair in pairs:
+            out[f"{fabric_job(pair)}-0"] = (pair, "slow" if pair in slow else "normal")
+    for link in sorted(slow):
+        out.setdefault(f"{fabric_job(link)}-0", (link, "slow"))
+        for node in link:
+            for other in names:
+                if other not in link:
+                    pair = tuple(sorted((node, other)))
+                    out.setdefault(f"{fabric_job(pair, again=True)}-0", (pair, "normal"))
+    return out
+
+
+def is_fabric(pod: str) -> bool:
+    return pod.startswith("fab-")
+
+
+def replayed(logs: dict[str, Path]) -> list[str]:
+    """The pods kwok completes on replay nodes: those with a log, and rank 1's pod of each fabric pair."""
+    return sorted([*logs, *(p[:-2] + "-1" for p in logs if is_fabric(p) and p.endswith("-0"))])
+
+
 def node_logs(fleet, out: Path) -> dict[str, Path]:
-    """Write every replay node's pod logs under ``out`` (the recordings with the node's identifiers); pod name ->
-    its log file. Empty for a fleet without replay pools."""
+    """Write every replay node's pod logs under ``out`` (the recordings with the node's identifiers), and the fabric
+    pairs' (:func:`fabric_pairs`); pod name -> its log file. Empty for a fleet without replay pools."""
     pools = [p for p in fleet.pools if p.backend == ANNOTATION_VALUE]
     if not pools:
         return {}
@@ -199,12 +257,23 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
                 path = out / f"{pod}.log"
                 path.write_text(_rewrite(texts[rec.file], rec, uuids, pod))
                 logs[pod] = path
+        fabric = {"normal": recs.of("fabric"), "slow": recs.of("fabric", "slow")}
+        if not fabric["normal"] or pool.count < 2:
+            continue
+        for k, (pod, (pair, kind)) in enumerate(sorted(fabric_pairs(pool).items())):
+            choice = fabric[kind] or fabric["normal"]
+            rec = choice[k % len(choice)]
+            uuids = mock_uuids(f"{fleet.name}/{pair[0]}", pool.gpu.count)       # rank 0's node's
+            path = out / f"{pod}.log"
+            path.write_text(_rename_nodes(_rewrite(texts[rec.file], rec, uuids, pod), rec, pair))
+            logs[pod] = path
     return logs
 
 
 def cluster_logs(logs: dict[str, Path]) -> list[dict]:
-    """kwok's ClusterLogs documents: each pod's ``workload`` container's log is its file."""
+    """kwok's ClusterLogs documents: each pod's ``workload`` (fabric pods: ``fabric``) container's log is its file."""
     return [{"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": {"name": pod},
              "spec": {"selector": {"matchNames": [pod]},
-                      "logs": [{"containers": [CONTAINER], "logsFile": str(path), "follow": False}]}}
+                      "logs": [{"containers": [FABRIC_CONTAINER if is_fabric(pod) else CONTAINER],
+                                "logsFile": str(path), "follow": False}]}}
             for pod, path in sorted(logs.items())]

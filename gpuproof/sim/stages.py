@@ -7,9 +7,10 @@ a container asking for more than one of that resource fails admission as the kub
 the pod Failed, reason ``UnexpectedAdmissionError`` and the plugin's own error in the message. (MPS
 pools, whose plugin cannot run here, get the refusal the plugin documents for MPS, marked as modelled.)
 
-On replay nodes (gpuproof.sim.replay) gpuproof's workload pods whose recorded logs kwok serves then complete as
-their container would: phase Succeeded, container terminated with exit code 0; kwok's ``ClusterLogs`` documents
-(in the same config file) serve each such pod's log. Other pods there run on, as on any kwok node.
+On replay nodes (gpuproof.sim.replay) gpuproof's workload pods whose recorded logs kwok serves (and rank 1's pod of
+each replayed fabric pair) then complete as their container would: phase Succeeded, container terminated with exit
+code 0; kwok's ``ClusterLogs`` documents (in the same config file) serve each such pod's log. Other pods there run
+on, as on any kwok node.
 
 Node stages are left to kwok's defaults (initialise, heartbeat).
 """
@@ -170,7 +171,8 @@ KWOK_OPTIONS = {
 
 def kwok_config(fleet: Fleet | None, logs: dict | None = None) -> str:
     """kwok's --config: its options, the pod Stages, and a ClusterLogs per replayed pod (``logs``: pod -> file)."""
-    from .replay import cluster_logs
+    from .replay import cluster_logs, replayed
 
     logs = logs or {}
-    return yaml.safe_dump_all([KWOK_OPTIONS, *pod_stages(fleet, list(logs)), *cluster_logs(logs)], sort_keys=False)
+    return yaml.safe_dump_all([KWOK_OPTIONS, *pod_stages(fleet, replayed(logs)), *cluster_logs(logs)],
+                              sort_keys=False)
