@@ -121,8 +121,10 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     assert f'data-gpuproof-plots="{n_plots}"' in html_tag          # every plot's SVG is in the rendered DOM
     assert re.search(r'<span id="check-shown"[^>]*>18 shown</span>', dom)   # the checks filter ran
     # the coverage table: every node a check left out, with the reason and the checks, as rendered
-    coverage = re.search(r'<section id="coverage">(.*?)</section>', dom, re.S).group(1)
+    section = re.search(r'<section id="coverage">(.*?)</section>', dom, re.S).group(1)
+    coverage = section.split("</table>")[0]            # then the skips by check and reason (test_report_fleet.py)
     assert "Coverage: 2 GPU nodes left out of some checks" in coverage
+    assert "<h3>Why checks were skipped</h3>" in section
     rows = re.findall(r"<tr>(.*?)</tr>", coverage, re.S)[1:]
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S) for r in rows]
     assert [c[:3] for c in cells] == [

@@ -72,7 +72,8 @@ def test_summary_command_prints_and_writes(run_path, capsys):
 def test_write_all_writes_summary_and_html(tmp_path):
     path = make_run(tmp_path, "run1", fail_labels=False)
     written = write_all(path)
-    assert set(written) == {"summary.md", "report.html"}
+    assert set(written) == {"summary.md", "report.html", "failed-nodes.csv", "junit-grouped.xml"}
+    assert (path / "failed-nodes.csv").read_text() == "node,verdict,pool,feature,check,reason\n"   # none failed
     assert (path / "summary.md").read_text().startswith("## ✅ gpuproof run `run1`: passed")
     assert "<!DOCTYPE html>" in (path / "report.html").read_text()
     assert not list(path.glob("*.tmp"))

@@ -1,4 +1,4 @@
-"""gpuproof report: summary, html, compare, baseline make, check.
+"""gpuproof report: summary, html, failed-nodes, write, compare, baseline make, check.
 
 RUN is a run folder (reports/<run-id>), a run id under ./reports, or "latest".
 """
@@ -15,6 +15,8 @@ EXAMPLES = """\
 examples:
   gpuproof report summary latest >> "$GITHUB_STEP_SUMMARY"
   gpuproof report html reports/20250101-120000-abc123
+  gpuproof report failed-nodes latest | awk -F, 'NR > 1 && $2 == "fail" {print $1}' | sort -u
+  gpuproof report write latest                  # every report again: what gpuproof run writes at its end
   gpuproof report compare reports/before reports/after
   gpuproof report baseline make reports/nightly-1 reports/nightly-2 -o baseline.json
   gpuproof report check latest --baseline baseline.json --rules rules.yaml
@@ -35,7 +37,7 @@ def _summary(args) -> int:
     from ..report.data import SUMMARY_FILE, load_run
     from ..report.summary import render_summary
 
-    run = load_run(args.run)
+    run = load_run(args.run, canonical=False)
     text = render_summary(run)
     if args.write:
         (run.path / SUMMARY_FILE).write_text(text, encoding="utf-8")
@@ -49,12 +51,34 @@ def _html(args) -> int:
     from ..report.data import HTML_FILE, load_run
     from ..report.html import render_html
 
-    run = load_run(args.run)
+    run = load_run(args.run, canonical=False)
     out = Path(args.output) if args.output else run.path / HTML_FILE
     out.write_text(render_html(run), encoding="utf-8")
     if run.is_empty:
         print(f"gpuproof: warning: run {run.path} recorded nothing; the report says so", file=sys.stderr)
     print(out)
+    return 0
+
+
+def _failed_nodes(args) -> int:
+    from ..report.data import load_run
+    from ..report.digest import digest_of, failed_nodes_csv
+
+    _emit(failed_nodes_csv(digest_of(load_run(args.run, canonical=False))), args.output)
+    return 0
+
+
+def _write(args) -> int:
+    import time
+
+    from ..report import write_all
+    from ..report.data import resolve_run
+
+    start = time.monotonic()
+    written = write_all(resolve_run(args.run))
+    for path in written.values():
+        print(path)
+    print(f"gpuproof: {len(written)} reports written in {time.monotonic() - start:.1f}s", file=sys.stderr)
     return 0
 
 
@@ -144,6 +168,20 @@ def register(subparsers) -> None:
     p.add_argument("run", help="run folder, run id, or latest")
     p.add_argument("-o", "--output", help="where to write (default: RUN/report.html)")
     p.set_defaults(func=_html)
+
+    p = sub.add_parser("failed-nodes", help="the failed nodes as CSV: node, verdict, pool, feature, check, reason",
+                       description="One line per failed check on a node (verdict fail), per failed pytest test of a "
+                                   "node none of whose checks failed (error) and per node lost during the run "
+                                   "(lost); the run folder's failed-nodes.csv holds the same. gpuproof changes no "
+                                   "node: feed this to kubectl cordon or a remediation system.")
+    p.add_argument("run", help="run folder, run id, or latest")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=_failed_nodes)
+
+    p = sub.add_parser("write", help="(re)write every report of a run: summary.md, report.html, failed-nodes.csv, "
+                                     "junit-grouped.xml")
+    p.add_argument("run", help="run folder, run id, or latest")
+    p.set_defaults(func=_write)
 
     p = sub.add_parser("compare", help="runs side by side: metric deltas, verdict changes, cluster changes",
                        description="Compare runs with the first one (A): before/after an upgrade, or two GPU types.")

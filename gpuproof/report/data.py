@@ -207,8 +207,12 @@ def _frame(path: Path, name: str, columns: tuple[str, ...]):
     return df
 
 
-def load_run(arg: str | os.PathLike, root: str | os.PathLike = "reports") -> Run:
-    """Load a run folder. Raises GpuproofError when it is missing or is not a run folder."""
+def load_run(arg: str | os.PathLike, root: str | os.PathLike = "reports", canonical: bool = True) -> Run:
+    """Load a run folder. Raises GpuproofError when it is missing or is not a run folder.
+
+    ``canonical``: metrics' parameters rewritten as canonical JSON, for joining runs (compare, baselines). The reports
+    of one run parse them instead and pass False: gpuproof writes them canonical, and rewriting 300,000 (a 1,000-node
+    run's) costs seconds. Parameters given as dicts or blanks are made JSON either way."""
     import pandas as pd
 
     path = resolve_run(arg, root)
@@ -224,7 +228,8 @@ def load_run(arg: str | os.PathLike, root: str | os.PathLike = "reports") -> Run
 
     metrics = _frame(path, METRICS_FILE, METRIC_COLUMNS)
     if not metrics.empty:
-        metrics["parameters"] = [canonical_params(v) for v in metrics["parameters"]]
+        metrics["parameters"] = [canonical_params(v) if canonical or not isinstance(v, str) else v
+                                 for v in metrics["parameters"]]
         metrics["value"] = pd.to_numeric(metrics["value"], errors="coerce")
         metrics = metrics.dropna(subset=["value"])
         for col in METRIC_COLUMNS:

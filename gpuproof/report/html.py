@@ -1,5 +1,11 @@
 """report.html: one run as a self-contained page (inline CSS, JS and SVG plots).
 
+Long: one short function per section of the page, in the page's order, and the page itself at the end.
+
+The page leads with what failed, by node, and what was not judged; it summarizes the passes per check and pool and
+lists every check record only when there are few (MAX_EMBEDDED_CHECKS): a 1,000-node run's 270,000 records stay in
+the run folder's checks.parquet beside the page, which links them (issue #52: 185 MB before, about 0.3 MB now).
+
 The page loads nothing from the network: its Content-Security-Policy forbids every
 fetch, and errors.js records any script error or blocked fetch into the page, which
 is how the browser test tells a clean render from a broken one.
@@ -7,16 +13,29 @@ is how the browser test tells a clean render from a broken one.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from importlib import resources
 
 from .. import __version__
 from ..results import utcnow
 from .data import Run, sample_fields
+from .digest import digest_of
 from .inventory_diff import fleet_table
-from .summary import benchmark_tables, coverage_table, coverage_title, failures_table, matrix_table, run_facts
+from .junit import GROUPED_FILE, by_test
+from .summary import (
+    benchmark_tables,
+    by_check_table,
+    coverage_table,
+    coverage_title,
+    failing_nodes_table,
+    failures_intro,
+    failures_table,
+    matrix_table,
+    run_facts,
+)
 from .svg import bar_chart, figure, line_chart
-from .tables import Cell, Table, fmt_bytes, fmt_num, natural_key, shorten
+from .tables import Cell, Table, fmt_bytes, fmt_num, name_list, natural_key, shorten
 from .views import (
     VERDICT_ORDER,
     Series,
@@ -26,15 +45,21 @@ from .views import (
     invalid_loads,
     matmul_bars,
     pool_of,
-    problem_checks,
     product_pools,
-    skip_reasons,
 )
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
 MAX_GPUS = 64            # utilization panels drawn (the rest are listed)
 OPEN_GPUS = 4            # panels open on load
 MAX_POINTS = 600         # points per utilization series (downsampled above)
+# At fleet scale the page shows what failed and summarizes the rest; every record stays in the run folder's files
+MAX_EMBEDDED_CHECKS = 2000   # check records listed one by one; above, the failures and warnings only (up to this)
+MAX_EMBEDDED_TESTS = 2000    # pytest cases listed one by one; above, one row per test
+MAX_ROWS = 1000              # rows of any other table
+MAX_NODE_ROWS = 500          # coverage rows one per node and reason; above, one per reason
+MAX_LABELLED_NODES = 200     # inventory rows with their labels, capacity and allocatable; above, without
+RUN_FILES = ("checks.parquet", "checks.jsonl", "metrics.parquet", "metrics.jsonl", "samples.parquet", "junit.xml",
+             GROUPED_FILE, "failed-nodes.csv", "coverage.jsonl", "inventory.json", "run.json")
 
 
 def _asset(name: str) -> str:
@@ -47,6 +72,23 @@ def esc(text: object) -> str:
 
 # ------------------------------------------------------------------ sections
 
+def _capped(table: Table, limit: int = MAX_ROWS, where: str = "checks.parquet", sortable: bool = True) -> str:
+    """The table's first ``limit`` rows, and a line saying how many more there are and where."""
+    extra = max(0, len(table.rows) - limit)
+    table = dataclasses.replace(table, rows=table.rows[:limit])     # a copy: tables are shared between reports
+    more = f'<p class="note">… and {extra} more rows: in {esc(where)} beside this page.</p>' if extra else ""
+    return table.to_html(sortable=sortable) + more
+
+
+def _files(run: Run) -> list[str]:
+    return [name for name in RUN_FILES if (run.path / name).exists()]
+
+
+def _links(run: Run, names=None) -> str:
+    names = [n for n in (names or _files(run)) if (run.path / n).exists()]
+    return " · ".join(f'<a href="{esc(n)}">{esc(n)}</a>' for n in names)
+
+
 def _section(sid: str, title: str, body: str, intro: str = "") -> str:
     intro_html = f'<p class="note">{esc(intro)}</p>' if intro else ""
     return f'<section id="{sid}"><h2>{esc(title)}</h2>{intro_html}{body}</section>'
@@ -58,6 +100,10 @@ def _overview(run: Run) -> str:
     if not run.checks.empty:
         cards += [("pass", c["pass"], "checks passed"), ("fail", c["fail"], "checks failed"),
                   ("warn", c["warn"], "warnings"), ("skip", c["skip"], "checks skipped")]
+    if not run.checks.empty and digest_of(run).gpu:
+        d = digest_of(run)
+        cards += [("", len(d.gpu), "GPU nodes"), ("fail" if d.failing_nodes() else "pass", len(d.failing_nodes()),
+                                                   "nodes failed")]
     if run.junit:
         j = run.junit
         cards += [("pass", j.passed, "tests passed"), ("fail", j.failed + j.errors, "tests failed / errors"),
@@ -80,20 +126,64 @@ def _verdict_cells(table: Table, col: int = 0) -> Table:
 
 
 def _failures(run: Run) -> str:
-    fails = problem_checks(run.checks, ("fail", "warn"))
+    d = digest_of(run)
     problems = run.junit.problems() if run.junit else []
-    if not fails and not problems:
-        return '<div class="ok-box">Nothing failed.</div>'
+    lost = (run.meta.get("extra") or {}).get("lost_nodes") or {}
     parts = []
-    if fails:
-        t = failures_table(fails, html=True, products=product_pools(run.inventory))
-        parts.append('<div class="scroll">' + t.to_html() + "</div>")
+    if lost:
+        t = Table(["node", "why it was lost"])
+        for node, why in sorted(lost.items(), key=lambda kv: natural_key(kv[0])):
+            t.add(Cell(node, css="v-skip"), why)
+        parts.append(f"<h3>Nodes lost during the run ({len(lost)})</h3><p class=\"note\">Their checks from then on "
+                     f"are not judged (skipped, with the reason).</p>{_capped(t, where='failed-nodes.csv')}")
+    if not d.problems and not problems:
+        return "".join(parts) + '<div class="ok-box">Nothing failed.</div>'
+    intro = failures_intro(d)
+    if intro:
+        parts.append(f'<p class="lead">{esc(intro)}</p>')
+    nodes = d.failing_nodes()
+    if nodes:
+        parts.append(f"<h3>By node ({len(nodes)})</h3>" + '<div class="scroll">'
+                     + _capped(failing_nodes_table(d, html=True), where="failed-nodes.csv") + "</div>")
+    if d.problems:
+        t = failures_table(d.problems, html=True, products=product_pools(run.inventory))
+        title = "Every failure and warning" if nodes else ""
+        parts.append((f"<h3>{title} ({len(d.problems)} records; identical ones share a row)</h3>" if title else "")
+                     + '<div class="scroll">' + _capped(t) + "</div>")
     if problems:
         t = Table(["outcome", "pytest test", "message"])
-        for c in problems:
+        for c in problems[:MAX_ROWS]:
             t.add(Cell(c.outcome, css="v-fail"), Cell(c.id, css="code"), Cell(shorten(c.message, 400), title=c.detail))
-        parts.append("<h3>pytest failures and errors</h3>" + t.to_html())
+        more = (f'<p class="note">… and {len(problems) - MAX_ROWS} more: in junit.xml beside this page.</p>'
+                if len(problems) > MAX_ROWS else "")
+        parts.append("<h3>pytest failures and errors</h3>" + '<div class="scroll">' + t.to_html() + "</div>" + more)
     return "".join(parts)
+
+
+def _skips(run: Run) -> str:
+    """Why checks were skipped: one row per check and reason, whatever the node or GPU, most records first."""
+    groups = sorted(digest_of(run).skips.values(), key=lambda g: (-g.records, g.feature, g.check, g.reason))
+    if not groups:
+        return ""
+    t = Table(["records", "targets", "which", "feature", "check", "skip reason"], align="rrllll", css="compact")
+    for g in groups:
+        targets = list(g.targets)
+        t.add(g.records, len(targets), Cell(name_list(targets, 3), title=name_list(targets, 40)), g.feature, g.check,
+              shorten(g.text, 300))
+    return ("<h3>Why checks were skipped</h3><p class=\"note\">One row per check and reason; in a reason, "
+            "&lt;node&gt;, &lt;uuid&gt;, GPU &lt;i&gt; and &lt;n&gt; stand for what differs from record to record.</p>"
+            + '<div class="scroll">' + _capped(t) + "</div>")
+
+
+def _verdict_counts(table: Table) -> Table:
+    """Colour the passed / failed / warned / skipped count columns of a by-check table."""
+    cols = {i: v for i, c in enumerate(table.columns) for v, name in
+            (("pass", "passed"), ("fail", "failed"), ("warn", "warned"), ("skip", "skipped")) if c == name}
+    for row in table.rows:
+        for i, v in cols.items():
+            if row[i] not in ("", 0):
+                row[i] = Cell(str(row[i]), css=f"v-{v}")
+    return table
 
 
 def _matrix(run: Run) -> str:
@@ -109,18 +199,33 @@ def _matrix(run: Run) -> str:
 
 def _checks(run: Run) -> str:
     products = product_pools(run.inventory)
+    d = digest_of(run)
+    everything = d.total <= MAX_EMBEDDED_CHECKS
+    if everything:
+        records = run.checks.to_dict("records")
+    else:
+        records = d.problems[:MAX_EMBEDDED_CHECKS]
     t = Table(["verdict", "feature", "check", "target", "pool", "product", "expected", "actual", "message"])
-    for r in sorted(run.checks.to_dict("records"),
+    for r in sorted(records,
                     key=lambda r: (VERDICT_ORDER.index(r["verdict"]) if r["verdict"] in VERDICT_ORDER else 9,
                                    r["feature"], r["check"], natural_key(r["target"]))):
         t.add(r["verdict"], r["feature"], r["check"], r["target"], pool_of(r, products), r["product"],
               Cell(shorten(r["expected"], 200), css="code", title=r["expected"]),
               Cell(shorten(r["actual"], 200), css="code", title=r["actual"]), shorten(r["message"], 300))
+    where = ""
+    if not everything:
+        shown = f"the {len(records)} failures and warnings" + (f" (of {len(d.problems)})"
+                                                               if len(d.problems) > len(records) else "")
+        where = (f'<p class="note">{d.total} check records: this page lists {shown}, and summarizes the rest above '
+                 f'(by node, by check and pool, skip reasons). Every record is in the run folder beside this page: '
+                 f'{_links(run, ["checks.parquet", "checks.jsonl"]) or "checks.parquet, checks.jsonl"}. One node\'s, '
+                 f'for instance: <code>python3 -c "import pandas as pd; c = pd.read_parquet(\'checks.parquet\'); '
+                 f'print(c[c.target == \'NODE\'].to_string())"</code>.</p>')
     filters = ('<div class="filters">'
                '<input type="search" id="check-filter" placeholder="filter: node, feature, check…">'
                '<label><input type="checkbox" id="check-problems"> failures and warnings only</label>'
                '<span id="check-shown" class="muted"></span></div>')
-    return filters + '<div class="scroll">' + _verdict_cells(t).to_html() + "</div>"
+    return where + filters + '<div class="scroll">' + _verdict_cells(t).to_html() + "</div>"
 
 
 def _matmul(run: Run) -> str:
@@ -263,12 +368,23 @@ def _tests(run: Run) -> str:
         t = Table(["count", "skip reason"], align="rl", css="compact")
         for reason, n in reasons:
             t.add(n, reason)
-        parts.append("<h3>Skip reasons</h3>" + t.to_html())
-    t = Table(["outcome", "test", "time (s)", "message"], align="llrl")
-    for c in j.cases:
-        t.add(Cell(c.outcome, css={"passed": "v-pass", "skipped": "v-skip"}.get(c.outcome, "v-fail")),
-              Cell(c.id, css="code"), f"{c.time:.2f}", shorten(c.message, 200))
-    parts.append(f"<details><summary>All {j.total} tests</summary>{t.to_html()}</details>")
+        parts.append("<h3>Skip reasons</h3>" + _capped(t, where="junit.xml"))
+    if j.total <= MAX_EMBEDDED_TESTS:
+        t = Table(["outcome", "test", "time (s)", "message"], align="llrl")
+        for c in j.cases:
+            t.add(Cell(c.outcome, css={"passed": "v-pass", "skipped": "v-skip"}.get(c.outcome, "v-fail")),
+                  Cell(c.id, css="code"), f"{c.time:.2f}", shorten(c.message, 200))
+        parts.append(f"<details><summary>All {j.total} tests</summary>{t.to_html()}</details>")
+        return "".join(parts)
+    t = Table(["test", "cases", "passed", "failed", "errors", "skipped", "time (s)"], align="lrrrrrr")
+    for row in by_test(j.cases):
+        worst = "v-fail" if row["failed"] or row["error"] else ("v-pass" if row["passed"] else "v-skip")
+        t.add(Cell(row["test"], css=f"code {worst}"), row["cases"], row["passed"], row["failed"] or "",
+              row["error"] or "", row["skipped"] or "", f"{row['time']:.1f}")
+    parts.append(f"<details open><summary>{j.total} test cases as {len(t)} tests (a test's cases on each node "
+                 f"together; each case: {_links(run, ['junit.xml']) or 'junit.xml'}, and "
+                 f"{_links(run, [GROUPED_FILE]) or GROUPED_FILE} for CI)</summary>{_capped(t, where='junit.xml')}"
+                 "</details>")
     return "".join(parts)
 
 
@@ -276,17 +392,29 @@ def _inventory(run: Run) -> str:
     inv = run.inventory
     if not inv.get("nodes"):
         return ""
+    d = digest_of(run)
+    labelled = len(inv["nodes"]) <= MAX_LABELLED_NODES
     parts = [f'<p class="note">Snapshot captured {esc(inv.get("captured", "?"))}; Kubernetes '
              f'{esc(inv.get("kubernetes_version", "?"))}. Nodes with the same configuration share a row.</p>',
              fleet_table(inv).to_html()]
-    t = Table(["node", "pool", "product", "GPUs", "driver", "CUDA", "GPU labels", "capacity", "allocatable"])
-    for n in inv["nodes"]:
-        t.add(n.get("name", ""), n.get("pool", ""), n.get("product", ""), n.get("gpu_count", ""),
-              n.get("driver_version", ""), n.get("cuda_version", ""),
-              Cell(shorten(" ".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())), 400), css="code"),
-              Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("capacity") or {}).items())), css="code"),
-              Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("allocatable") or {}).items())), css="code"))
-    parts.append(f"<details><summary>All {len(inv['nodes'])} nodes</summary>{t.to_html()}</details>")
+    t = Table(["node", "pool", "product", "GPUs", "driver", "CUDA", "passed", "failed", "warned", "skipped"]
+              + (["GPU labels", "capacity", "allocatable"] if labelled else []), align="llllllrrrr")
+    for n in sorted(inv["nodes"], key=lambda n: natural_key(n.get("name", ""))):
+        c = d.nodes[n["name"]].counts if n.get("name") in d.nodes else {}
+        cells = [Cell(n.get("name", ""), css="v-fail" if c.get("fail") else ""), n.get("pool", ""),
+                 n.get("product", ""), n.get("gpu_count", ""), n.get("driver_version", ""), n.get("cuda_version", ""),
+                 c.get("pass", ""), c.get("fail") or "", c.get("warn") or "", c.get("skip") or ""]
+        if labelled:
+            cells += [Cell(shorten(" ".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())), 400),
+                           css="code"),
+                      Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("capacity") or {}).items())), css="code"),
+                      Cell(" ".join(f"{k}={v}" for k, v in sorted((n.get("allocatable") or {}).items())), css="code")]
+        t.add(*cells)
+    note = "" if labelled else (f" (labels, capacity and allocatable per node: "
+                                f"{_links(run, ['inventory.json']) or 'inventory.json'})")
+    parts.append(f"<details><summary>All {len(inv['nodes'])} nodes, with their checks' verdicts{note}</summary>"
+                 f'<div class="scroll">{_capped(t, limit=max(MAX_ROWS, 5000), where="inventory.json")}</div>'
+                 "</details>")
     return "".join(parts)
 
 
@@ -310,25 +438,25 @@ def render_html(run: Run) -> str:
         add("failures", f"Failures ({n_fail})" + (f" and warnings ({n_warn})" if n_warn else ""), _failures(run),
             nav=f'Failures <span class="count">{n_fail}</span>' if n_fail else "Failures (0)")
     if not run.checks.empty:
+        coverage = coverage_table(run, html=True, limit=MAX_NODE_ROWS)
+        add("coverage", coverage_title(coverage) if coverage.rows else "Coverage",
+            ('<div class="scroll">' + _capped(coverage) + "</div>" if coverage.rows else
+             '<div class="ok-box">Every check ran on every GPU node it is for.</div>') + _skips(run),
+            "What was not judged, and why: GPU nodes checks left out (nodes that cannot take pods, nodes offering "
+            "GPUs only through DRA, simulated nodes for checks that need real GPUs, each check's own skips on a "
+            "node), then every skip by check and reason.",
+            nav="Not judged")
         add("matrix", "Results by feature and pool", _matrix(run),
             "Counts of check verdicts; the cell colour is the worst verdict.")
-        coverage = coverage_table(run, html=True)
-        add("coverage", coverage_title(coverage) if coverage.rows else "Coverage",
-            coverage.to_html() if coverage.rows else '<div class="ok-box">Every check ran on every GPU node it is '
-                                                     'for.</div>',
-            "Why checks left GPU nodes out: nodes that cannot take pods, nodes offering GPUs only through DRA, "
-            "simulated nodes for checks that need real GPUs, and each check's own skips on a node.",
-            nav="Coverage")
-        reasons = skip_reasons(run.checks)
-        skip_html = ""
-        if reasons:
-            st = Table(["count", "skip reason"], align="rl", css="compact")
-            for reason, n in reasons:
-                st.add(n, reason)
-            skip_html = "<h3>Why checks were skipped</h3>" + st.to_html()
-        add("checks", f"All checks ({len(run.checks)})", _checks(run) + skip_html)
+        add("by-check", "Passes by check and pool", _capped(_verdict_counts(by_check_table(digest_of(run)))),
+            "Each check in each pool: how many targets it judged, its verdicts, and the figures its passes measured "
+            "(the spread of a number, or the values themselves).", nav="By check")
+        title = (f"All checks ({len(run.checks)})" if len(run.checks) <= MAX_EMBEDDED_CHECKS
+                 else f"Check records ({len(run.checks)})")
+        add("checks", title, _checks(run), nav="Checks")
     plots = _matmul(run) + _allreduce(run) + _inference(run)
-    tables = "".join(f"<h3>{esc(title)}</h3>{t.to_html()}" for title, t in benchmark_tables(run))
+    tables = "".join(f"<h3>{esc(title)}</h3>{_capped(t, where='metrics.parquet')}"
+                     for title, t in benchmark_tables(run))
     if plots or tables:
         add("benchmarks", "Benchmarks", (f'<div class="plots">{plots}</div>' if plots else "") + tables)
     add("utilization", "GPU utilization", _utilization(run),
@@ -359,7 +487,8 @@ def render_html(run: Run) -> str:
 <section id="overview">{_overview(run)}</section>
 {body}
 <footer>Generated by gpuproof {esc(__version__)} at {esc(utcnow())} from {esc(run.path)}.
-This page is self-contained and makes no network requests.</footer>
+This page is self-contained and makes no network requests. Every record is in the run folder beside it: {_links(run)}.
+</footer>
 </main>
 <script>{_asset("report.js")}</script>
 </body>

@@ -71,5 +71,10 @@
 
   var root = document.documentElement;
   root.setAttribute("data-gpuproof-plots", String(document.querySelectorAll("figure.plot svg.chart").length));
+  // milliseconds from the page's navigation to here: the page parsed and its script done (the browser test reads it)
+  root.setAttribute("data-gpuproof-ready-ms", String(Math.round(window.performance ? performance.now() : 0)));
   root.setAttribute("data-gpuproof-ready", "ok");
+  window.addEventListener("load", function () {     // ... and laid out, with everything in it loaded
+    root.setAttribute("data-gpuproof-load-ms", String(Math.round(window.performance ? performance.now() : 0)));
+  });
 })();
