@@ -58,7 +58,7 @@ CASES = {
     "slow-node": (4, "", {}, dict(slow_node="h100-3"), [
         ("fabric-node", "h100-3", "measured again with known-good")]),
     "slow-link": (5, "all", {}, dict(slow_link=("h100-1", "h100-2")), [
-        ("fabric-link", "h100-1<->h100-2", "each node measured again with a known-good node was not slow")]),
+        ("fabric-link", "h100-1<->h100-2", "each node is fast with a known-good node")]),
     "socket-with-rdma-offered": (2, "", {"h100-1": {"rdma/ib": "1"}}, dict(transport="socket"), [
         ("fabric-transport", "h100-1", "rdma/ib")]),
     "pair-did-not-run": (4, "", {}, dict(failed=("h100-0", "h100-3")), [
@@ -155,7 +155,8 @@ def test_the_rings_records_keep_all_reduces_parameters_and_add_each_collectives(
            "time_us": 9.0, "wrong": 0}
     result = {"device": "cpu", "backend": "gloo", "world_size": 4, "nnodes": 4,
               "results": [{**row, "collective": "all_reduce"}],
-              "results_all": [{**row, "collective": "all_reduce"}, {**row, "collective": "all_gather", "redop": "none"}],
+              "results_all": [{**row, "collective": "all_reduce"},
+                              {**row, "collective": "all_gather", "redop": "none"}],
               "collectives": {"all_reduce": {"measured": True, "avg_busbw_gbps": 1.5, "wrong_total": 0},
                               "all_gather": {"measured": True, "avg_busbw_gbps": 0.7, "wrong_total": 0},
                               "reduce_scatter": {"measured": False, "why_not": "gloo runs it as an all-reduce"}},

@@ -123,18 +123,20 @@ def retests(j: Judgement) -> list[list[Pair]]:
     if not j.good:
         return []
     out: list[list[Pair]] = []
-    for i, node in enumerate(suspects):
+    for node in suspects:
         partners = {x for p in j.partners[node] for x in p} - {node}
         choice = [g for g in j.good if g != node and g not in partners] or [g for g in j.good if g != node]
         if not choice:
             continue
-        pair = norm((node, choice[i % len(choice)]))
-        for r in out:                     # first round where neither node is busy
-            if not any(x in q for q in r for x in pair):
-                r.append(pair)
+        # the earliest round with a chosen good node free (a new partner preferred), so the retests take few rounds
+        for r in [*out, []]:
+            busy = {x for q in r for x in q}
+            free = [g for g in choice if g not in busy]
+            if node not in busy and free:
+                if not r:
+                    out.append(r)
+                r.append(norm((node, free[0])))
                 break
-        else:
-            out.append([pair])
     return out
 
 
@@ -163,7 +165,8 @@ def verdicts(j: Judgement, again: dict[Pair, float | None]) -> Verdicts:
             every = "slow with every partner" if suspect in j.every else "slow"
             bad[suspect] = (f"{every}: {slow_with} GB/s, and measured again with known-good {other} "
                             f"{j.words(value)}")
-    tried = {n for p in again for n in p}
+    tried = {n for p in again for n in p if n not in j.good}       # suspects measured again
+    fine = set(j.good) | (tried - set(bad))                           # known-good, or fast with a known-good node
     for node in j.every:        # no known-good node to measure it against: slow with every partner tells it alone
         if node not in tried:
             figs = ", ".join(f"{pair_name(p)} {j.slow[p]:.3g}" for p in j.partners[node])
@@ -173,9 +176,9 @@ def verdicts(j: Judgement, again: dict[Pair, float | None]) -> Verdicts:
     for pair, value in j.slow.items():
         if any(n in bad for n in pair):
             continue
-        if all(n in tried for n in pair):
-            links[pair] = (f"{pair_name(pair)} {j.words(value)}, while each node measured again with a known-good node "
-                           f"was not slow")
+        if all(n in fine for n in pair):
+            links[pair] = (f"{pair_name(pair)} {j.words(value)}, while each node is fast with a known-good node "
+                           f"(measured again where in doubt)")
         else:
             undecided[pair] = (f"{pair_name(pair)} {j.words(value)}; no known-good node to tell the link from its "
                                f"nodes")
