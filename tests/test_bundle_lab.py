@@ -101,10 +101,10 @@ def test_the_whole_suite_passes_on_lab_from_the_bundle_with_its_pod_paths(made_b
     pod on every kubelet GPU node, the time-sliced GPU's pods seeing one UUID, NVIDIA's device plugin refusing a pod
     2 of them (its own Allocate, over the pool's config file), its pods Ready, the claim's GPU seen in the pod
     (NVIDIA's DRA driver), and every benchmark through its pod path (probe, matmul, HBM, all-reduce in one pod and
-    as an indexed Job over 2 nodes, inference Deployment + Service with its load pods, the NVML sampler in their
-    pods), recorded like real ones: at the benchmarks' smallest sizes (``--quick-bench``, marked so in their
-    records), since the paths, not the CPU's figures, are under test here (tests/test_bench_cpu_path.py runs each
-    benchmark's CPU path at those sizes too)."""
+    across the 2 A100 nodes as the fabric suite's pair and ring, inference Deployment + Service with its load pods,
+    the NVML sampler in their pods), recorded like real ones: at the benchmarks' smallest sizes (``--quick-bench``,
+    marked so in their records), since the paths, not the CPU's figures, are under test here
+    (tests/test_bench_cpu_path.py runs each benchmark's CPU path at those sizes too)."""
     proc, run, took = run_without_go(made_bundle, tmp_path, "lab", "--quick-bench")
     assert run, f"gpuproof run wrote no report (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}"
     print(f"lab's whole suite from the bundle, install included: {took:.0f}s", file=sys.stderr)
@@ -131,8 +131,11 @@ def test_the_whole_suite_passes_on_lab_from_the_bundle_with_its_pod_paths(made_b
         assert nodes == {"a100-0", "l4-shared-0"}, f"{bench}: records on {nodes} (one node per product)"
     benches = [m for m in metrics if m["benchmark"] in ("probe", "matmul", "hbm", "inference", "allreduce")]
     assert benches and all(json.loads(m["parameters"]).get("sizes") == "quick" for m in benches), benches[:2]
-    multi = {m["node"] for m in metrics if m["benchmark"] == "allreduce"}
-    assert {"a100-0", "a100-1", "2 nodes"} <= multi, f"all-reduce across a100-0 and a100-1: records on {multi}"
+    multi = {m["node"] for m in metrics if m["benchmark"] in ("allreduce", "fabric")}
+    assert {"a100-0", "2 nodes", "a100-0<->a100-1", "a100-1"} <= multi, \
+        f"all-reduce in a100-0, and across a100-0 and a100-1 (the fabric suite's pair and ring): records on {multi}"
+    fabric = {(r["check"], r["verdict"]) for r in checks if r["feature"] == "fabric"}
+    assert {("fabric-pair-result", "pass"), ("fabric-ring-result", "pass")} <= fabric, fabric
     visible = {m["node"]: m["value"] for m in metrics if m["metric"] == "nvml_visible_devices"}
     assert visible == {"a100-0": 2, "l4-shared-0": 1}, f"GPUs NVML shows the probe pod: {visible}"
     util = [m for m in metrics if m["benchmark"] == "utilization" and m["metric"] == "gpu_util_pct_mean"]
