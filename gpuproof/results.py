@@ -212,19 +212,29 @@ class RunDir:
     def samples(self) -> list[dict]:
         return self.read(SAMPLES_FILE)
 
-    def finalize(self, outcome: str = "") -> None:
-        """Write parquet copies of the JSONL tables and close the run's metadata."""
-        import pandas as pd
+    def finalize(self, outcome: str = "", tables: bool = True) -> None:
+        """Close the run's metadata (run.json), then write parquet copies of the JSONL tables that have rows.
 
+        run.json comes first, so a run interrupted again meanwhile still says how it ended; pandas is imported only
+        for a table to write (its import, with pyarrow's, took 10 to 40 s on a loaded machine: issue #52). Without
+        ``tables`` (an interrupted run, which ends at once) no parquet copy is written, and run.json says so: the
+        JSONL tables hold every record, and the report reads them when there is no parquet copy."""
         self.close()
-        for name in (CHECKS_FILE, METRICS_FILE, SAMPLES_FILE):
-            rows = self.read(name)
-            if rows:
-                pd.DataFrame(rows).to_parquet(self.path / name.replace(".jsonl", ".parquet"), index=False)
         self.meta.finished = utcnow()
         if outcome:
             self.meta.outcome = outcome
+        if not tables:
+            self.meta.extra["tables"] = "JSONL only: the run ended at once (interrupted), without parquet copies"
         self.write_meta()
+        for name in (CHECKS_FILE, METRICS_FILE, SAMPLES_FILE) if tables else ():
+            rows = self.read(name)
+            if rows:
+                import pandas as pd
+
+                final = self.path / name.replace(".jsonl", ".parquet")
+                tmp = final.with_name(final.name + ".tmp")      # a reader never sees half a file
+                pd.DataFrame(rows).to_parquet(tmp, index=False)
+                tmp.replace(final)
 
 
 def load_table(run_path: str | os.PathLike, name: str):

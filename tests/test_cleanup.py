@@ -6,6 +6,7 @@ and nothing else.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,6 +73,9 @@ def test_interrupted_session_leaves_nothing(embedded, tmp_path, sig):
     assert proc.returncode != 0
     assert _leftovers(embedded, run_id) == {}, out
     assert f"deleting run namespace gpuproof-{run_id}" in out
+    # the run's records say how it ended (how fast it ends under load: benchmarks/interrupt_load.py, issue #52)
+    meta = json.loads((tmp_path / "reports" / run_id / "run.json").read_text())
+    assert meta["outcome"] == "interrupted", meta
 
 
 def test_gpuproof_clean_removes_only_labelled_leftovers(embedded, tmp_path):

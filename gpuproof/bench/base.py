@@ -310,8 +310,13 @@ def ensure_configmap(run) -> None:
 
 
 def delete_object(run, manifest: dict) -> None:
-    """Delete one object we created (errors ignored: the run namespace goes at cleanup anyway)."""
+    """Delete one object we created (errors ignored: the run namespace goes at cleanup anyway). Nothing is sent once
+    the run's namespace is being deleted (an interrupted run asks that first): it takes the object with it, and a
+    fan-out's hundreds of deletes would only crowd the API server while the run ends (issue #52)."""
     kind, name, ns = manifest["kind"], manifest["metadata"]["name"], run.namespace
+    deleting = getattr(run, "deleting", None)
+    if deleting is not None and deleting(ns):
+        return
     c = run.cluster
     calls: dict[str, Callable[[], Any]] = {
         "Pod": lambda: c.core.delete_namespaced_pod(name, ns, grace_period_seconds=0),

@@ -320,6 +320,7 @@ class Run:
         self.namespace = NAMESPACE_PREFIX + run_id
         self.labels = run_labels(run_id)
         self._cleaned = False
+        self._deleting: list[str] = []              # the namespaces asked to be deleted (Run.delete)
 
     @property
     def selector(self) -> str:
@@ -472,9 +473,11 @@ class Run:
             describe=lambda c: ", ".join(sorted({e.reason for e in c.values()})) or "no events",
             namespace=self.namespace, field_selector=f"involvedObject.name={name}")
 
-    def cleanup(self, wait: bool = True, timeout: float = 120.0,
-                progress: Callable[[str], None] | None = None) -> None:
-        """Delete the run's namespaces and cluster-scoped objects (found by the run label). Idempotent."""
+    def delete(self, progress: Callable[[str], None] | None = None) -> list[str]:
+        """Ask the API server to delete the run's cluster-scoped objects and namespaces (found by the run label), and
+        return the namespaces' names; waits for nothing. Once asked, the namespace controller deletes everything in
+        them (pods made later are refused: the namespace is terminating), and takes at least 5 s to do it
+        (kube-controller-manager's namespaceDeletionGracePeriod), so a run that is ending asks first (issue #52)."""
         core, sched = self.cluster.core, self.cluster.scheduling
         for pc in sched.list_priority_class(label_selector=self.selector).items:
             with contextlib.suppress(ApiException):
@@ -482,11 +485,24 @@ class Run:
         names = [ns.metadata.name for ns in core.list_namespace(label_selector=self.selector).items
                  if (ns.metadata.labels or {}).get(RUN_LABEL) == self.run_id]
         for name in names:
-            if progress:
+            if progress and name not in self._deleting:
                 progress(f"deleting run namespace {name}")
             with contextlib.suppress(ApiException):
                 core.delete_namespace(name, propagation_policy="Background")
+        self._deleting += [n for n in names if n not in self._deleting]
+        return names
+
+    def deleting(self, namespace: str | None = None) -> bool:
+        """Whether the run's namespace (or ``namespace``) has been asked to be deleted: what is in it goes with it."""
+        return (namespace or self.namespace) in self._deleting
+
+    def cleanup(self, wait: bool = True, timeout: float = 120.0,
+                progress: Callable[[str], None] | None = None) -> None:
+        """Delete the run's namespaces and cluster-scoped objects (found by the run label), and with ``wait`` wait
+        until its namespaces are gone. Idempotent (after :meth:`delete` it asks again, for what was made since)."""
+        names = self.delete(progress)
         if wait and names:
+            core = self.cluster.core
             watch_until(core.list_namespace, lambda c: not (set(names) & set(c)) or None, timeout,
                         f"namespaces {', '.join(names)} to be deleted",
                         describe=lambda c: "; ".join(f"{n}: {_describe_ns(c.get(n))}" for n in names if n in c),

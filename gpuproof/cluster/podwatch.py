@@ -57,8 +57,8 @@ class PodWatch:
                 with self._cond:
                     self.cache = {p.metadata.name: p for p in resp.items}
                     self.error, self.error_since = None, 0.0
+                    self._ready.set()           # before the waiters wake: they judge only a cache that is ready
                     self._cond.notify_all()
-                self._ready.set()
                 rv = resp.metadata.resource_version
                 while not self._stop.is_set():
                     w = watch.Watch()
@@ -115,8 +115,7 @@ class PodWatch:
         nodes: dict[str, str] = {}          # the pod's node, kept once seen: a lost node may take the pod with it
         full = f"pod {self.run.namespace}/{name} {what}"
         cut = ""                            # how the API server broke off the watch during this wait, if it did
-        self._ready.wait(min(timeout, 30.0))
-        with self._cond:
+        with self._cond:                    # the first list too is waited for here, where ``stop`` is heard
             while True:
                 pod = self.cache.get(name)
                 if self._ready.is_set() and condition(pod):

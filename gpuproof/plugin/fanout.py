@@ -19,8 +19,9 @@ any other exception reaches the item, as it would have raised there. A node lost
 gets no work started: its item gets :class:`~gpuproof.errors.NodeLost`, and is not judged.
 
 Safety: work starts only when its item's check is selected; a different check's item drains the others' workers
-first (their pods gone), so no two checks compete for GPUs; the end of the session (also -x, Ctrl-C, SIGTERM) stops
-every worker, which deletes its pods, and whatever remains with the fan-out's label is deleted too.
+first (their pods gone), so no two checks compete for GPUs; the end of the session (also -x) stops every worker,
+which deletes its pods, and whatever remains with the fan-out's label is deleted too. On Ctrl-C or SIGTERM the run's
+namespace is asked to be deleted first and takes the pods with it (plugin/hooks.py, ``end_run``).
 Progress: after ``--progress-after`` seconds, then at doubling intervals, a line with nodes done, running and waiting
 for a slot; at the end the check's wall time against the sum of its nodes' times, and the slowest node among its
 peers. Each job also writes records (benchmark ``fanout``): its wall time, the nodes' sum, the most pods in flight,
@@ -41,7 +42,7 @@ from typing import Any, Callable
 import pytest
 
 from ..cluster.nodewatch import lost_reason
-from ..errors import GpuproofError, NodeLost
+from ..errors import ClusterError, GpuproofError, NodeLost
 from ..results import MetricRecord
 from .options import DEFAULT_PARALLEL, PARALLEL_ENV, parse_parallel  # noqa: F401  (declared with the options)
 
@@ -82,6 +83,11 @@ class Budget:
             with self._cond:
                 self.in_flight -= pods
                 self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Those waiting for slots look at their stop event now."""
+        with self._cond:
+            self._cond.notify_all()
 
 
 class Lane:
@@ -127,6 +133,8 @@ class Job:
 
     def watch(self):
         with self._watch_lock:
+            if self._watch is None and self.fan.stop.is_set():      # no new watch once the run is ending
+                raise ClusterError(f"{self.name}: stopped, the run is ending")
             if self._watch is None:
                 from ..cluster.podwatch import PodWatch
 
@@ -187,6 +195,7 @@ class FanOut:
         self._threads: list[threading.Thread] = []
         self._cond = threading.Condition()
         self._ticker: threading.Thread | None = None
+        self._closed = False
 
     # ---------------------------------------------------------------- the items' side
 
@@ -269,7 +278,8 @@ class FanOut:
                 continue
             job.cancel_waiting()
             for fut in job.futures.values():
-                with contextlib.suppress(BaseException):
+                # what the work raised is its own item's; Ctrl-C here is the run's (it was swallowed: issue #52)
+                with contextlib.suppress(Exception, CancelledError):
                     fut.exception()
             self._report_end(job)
 
@@ -354,18 +364,34 @@ class FanOut:
 
     # ---------------------------------------------------------------- the end
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stop every worker (each deletes its pods), then delete whatever pod still carries the fan-out's label."""
-        if self.stop.is_set():
-            return
+    def stop_now(self) -> None:
+        """Every worker stops at once: no new node's work starts, waiters on pods and pod slots are woken to hear it,
+        and the checks' pod watches end (no more of their events decoded while the run ends). Idempotent."""
         self.stop.set()
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):
             job.cancel_waiting()
+            job.close_watch()
+        for budget in (self.budget, *(job.pods for job in list(self.jobs.values()))):
+            budget.wake()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop every worker (each deletes its pods, unless the run's namespace is being deleted: an interrupted run's
+        end asks that first), then delete whatever pod still carries the fan-out's label.
+
+        A worker waiting on its pod or for a pod slot hears the stop at once (its watch and slots are woken); one in
+        the middle of a request to the API server finishes it. Workers still busy at ``timeout`` are named and left
+        (daemon threads): the run's cleanup deletes their pods with its namespace."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_now()
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        for job in self.jobs.values():
-            job.close_watch()
+        busy = [t.name for t in self._threads if t.is_alive()]
+        if busy:
+            self.say(f"fan-out: {len(busy)} worker(s) still busy {timeout:.0f}s after the run's end began "
+                     f"({', '.join(busy[:5])}{' ...' if len(busy) > 5 else ''}); not waited for")
         if self.jobs and self.run is not None:
             with contextlib.suppress(Exception):
                 self.run.cluster.core.delete_collection_namespaced_pod(
@@ -403,6 +429,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     fan = item.config.stash.get(_KEY, None)
     if fan is not None:
         fan.drain(keep=getattr(item, "function", None))
+
+
+def stop_now(config: pytest.Config) -> None:
+    fan = config.stash.get(_KEY, None)
+    if fan is not None:
+        fan.stop_now()
 
 
 def close(config: pytest.Config) -> None:

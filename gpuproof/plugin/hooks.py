@@ -42,6 +42,8 @@ def pytest_configure(config: pytest.Config) -> None:
     from .providers import install
 
     install(config, get_target(config))
+    if config.pluginmanager.get_plugin(Interrupt.NAME) is None:
+        config.pluginmanager.register(Interrupt(config), Interrupt.NAME)
     # SIGTERM (CI cancelling a job) gets the same cleanup as Ctrl-C
     if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         def _term(signum, frame):
@@ -51,12 +53,66 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from . import fanout
-
-    fanout.close(session.config)          # its workers delete their pods before the run's namespace goes
-    t = get_target(session.config)
     outcome = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
-    t.close(outcome)
+    end_run(session.config, outcome)
+
+
+def end_run(config: pytest.Config, outcome: str, interrupted: bool = False) -> None:
+    """The run's end: the fan-out's workers stopped, what the run made deleted, its records written. Idempotent.
+
+    Interrupted, the watches on the run's pods stop first (deleting hundreds of pods sends as many events, each
+    decoded in Python), and the run's namespaces are asked to be deleted, one request each (the namespace controller
+    takes 5 s at least, and takes the fan-out's pods with them: its workers send no deletes of their own); otherwise
+    the workers delete their own pods before the run's namespace goes. Interrupted, its records are written without
+    their parquet copies (Target.close). A second interrupt meanwhile stops the waiting, never the writing of the
+    records."""
+    from . import fanout
+    from .progress import PLUGIN_NAME
+
+    t = started_target(config)
+    if interrupted:
+        progress = config.pluginmanager.get_plugin(PLUGIN_NAME)
+        if progress is not None:
+            progress.stop_following()
+        fanout.stop_now(config)
+        if t is not None:
+            t.delete_now()
+    try:
+        fanout.close(config)
+    finally:
+        get_target(config).close(outcome, interrupted=interrupted)
+
+
+class Interrupt:
+    """Ctrl-C (or SIGTERM): the run ends at once, before pytest renders the interrupt (issue #52 item 5). One per
+    session (pytest_keyboard_interrupt is given no config), registered at configure.
+
+    pytest's terminal reporter renders the whole traceback of the interrupt (each frame's source file parsed) to
+    print its last line, unless --full-trace: 70 frames deep in a wait on the cluster, that took 10 to 30 s on a
+    loaded machine before any cleanup began. Its traceback is cut to the frames from the last one pytest would show,
+    and the exceptions it interrupted are left out, unless --full-trace asks for them."""
+
+    NAME = "gpuproof-interrupt"
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
+        if not isinstance(excinfo.value, KeyboardInterrupt):      # pytest.exit(): the session's end, as usual
+            return
+        if not self.config.getoption("fulltrace", False):
+            _shorten(excinfo)
+        end_run(self.config, "interrupted", interrupted=True)
+
+
+def _shorten(excinfo: pytest.ExceptionInfo) -> None:
+    tb = excinfo.traceback
+    last = next((i for i in range(len(tb) - 1, -1, -1) if not tb[i].ishidden(excinfo)), None)
+    if last is not None:
+        excinfo.traceback = tb[last:]
+    excinfo.value.__suppress_context__ = True        # the exceptions it interrupted: not rendered
+    excinfo.value.__cause__ = None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

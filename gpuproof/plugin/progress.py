@@ -102,6 +102,7 @@ class Progress:
         self._in_phase = False
         self._pending: list[str] = []
         self._stop = threading.Event()
+        self._unfollow = threading.Event()        # the watches on the run's pods and events stop (set with _stop)
         self._threads: list[threading.Thread] = []
         self._following = False
         self.board = Board(self.after or DEFAULT_AFTER)
@@ -234,6 +235,7 @@ class Progress:
         if not self.active:
             return
         self._stop.set()
+        self._unfollow.set()
         with self._cond:
             self._flush()
         with contextlib.suppress(Exception):      # a request answered since the last tick: said, not lost
@@ -241,6 +243,11 @@ class Progress:
         if self.estimate is not None and self.estimate.done:
             self.say(f"{self.estimate.done} checks in {fmt_duration(time.monotonic() - self.started)}")
         self.active = False
+
+    def stop_following(self) -> None:
+        """The run is ending (interrupted): its pods' and events' watches stop now. Deleting hundreds of pods sends
+        as many events, each decoded in Python beside the run's own end (issue #52); the lines on time stay."""
+        self._unfollow.set()
 
     # -- the estimate in words
 
@@ -314,7 +321,7 @@ class Progress:
 
     def _follow_run(self) -> None:
         """Once the run namespace exists, watch its pods and events (once)."""
-        if self._following or self._stop.is_set():
+        if self._following or self._unfollow.is_set():
             return
         from .target import get_target
 
@@ -340,8 +347,8 @@ class Progress:
                 for line in self.board.event(EventView.of(ev), time.monotonic()):
                     self.say(line)
 
-        self._start(lambda: follow(core.list_namespaced_pod, on_pod, self._stop, namespace=run.namespace), "pods")
-        self._start(lambda: follow(core.list_namespaced_event, on_event, self._stop, namespace=run.namespace,
+        self._start(lambda: follow(core.list_namespaced_pod, on_pod, self._unfollow, namespace=run.namespace), "pods")
+        self._start(lambda: follow(core.list_namespaced_event, on_event, self._unfollow, namespace=run.namespace,
                                    field_selector="involvedObject.kind=Pod"), "events")
 
 

@@ -232,11 +232,27 @@ class Target:
         except Exception as exc:  # the inventory is a record, never a reason to fail cleanup
             self.progress(f"could not write the inventory: {exc}")
 
-    def close(self, outcome: str = "") -> None:
-        """Clean up everything the run created; stop a private embedded cluster. Idempotent."""
+    def delete_now(self) -> None:
+        """The run was interrupted: ask the API server to delete what it made before anything else of its end (the
+        namespace controller takes 5 s at least; the fan-out's pods go with the namespace). :meth:`close` waits."""
+        if self._run is None or self._run._cleaned or self.api_gone or self._closed:
+            return
+        try:
+            self._run.delete(progress=self.progress)
+        except Exception as exc:     # noqa: BLE001  (close() asks again, and says what failed)
+            self.progress(f"could not ask for run {self.run_id}'s deletion yet: {one_line(exc, 200)}")
+
+    def close(self, outcome: str = "", interrupted: bool = False) -> None:
+        """Clean up everything the run created; stop a private embedded cluster. Idempotent.
+
+        ``interrupted`` (Ctrl-C, SIGTERM): the run's records are written without their parquet copies (pandas'
+        import alone took seconds to tens of seconds on a loaded machine; the JSONL tables hold every record).
+        Interrupted while it waits for the deletion (a second Ctrl-C), it stops waiting, skips the inventory, and
+        still writes the run's records (run.json)."""
         if self._closed:
             return
         self._closed = True
+        end_cut = ""      # what an interrupt during the end cut short
         # every step stands alone: a cluster that stopped answering costs the steps that need it, never the run's
         # records (the report is written from them after pytest, gpuproof/cli/run.py)
         if self._run is not None and not self._run._cleaned:
@@ -246,6 +262,10 @@ class Target:
                 inflight.deadline = min(inflight.deadline, CLEANUP_AFTER_GONE_S)
             try:
                 self._run.cleanup(wait=True, timeout=self.timeouts.cleanup, progress=self.progress)
+            except KeyboardInterrupt:
+                end_cut = "interrupted during its cleanup"
+                self.progress(f"cleanup of run {self.run_id} not waited for (interrupted while it waited): what was "
+                              "asked to be deleted goes by itself; `gpuproof clean` removes whatever is left")
             except Exception as exc:
                 if api_gone(exc):
                     self.cut_short = self.cut_short or "the API server stopped answering during the run's cleanup"
@@ -271,11 +291,20 @@ class Target:
         if self._run_dir is not None:
             if self.api_gone:
                 self.progress("the inventory is not written: the API server stopped answering")
+            elif end_cut:
+                self.progress("the inventory is not written: the run's end was interrupted")
             else:
-                self.write_inventory()
+                try:
+                    self.write_inventory()
+                except KeyboardInterrupt:
+                    end_cut = "interrupted while writing its inventory"
+                    self.progress("the inventory is not written: the run's end was interrupted")
             if lost:
                 self._run_dir.meta.extra["lost_nodes"] = lost
-            self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{cut}" if cut else outcome)
+            if end_cut:
+                self._run_dir.meta.extra["end_interrupted"] = end_cut
+            self._run_dir.finalize(f"{outcome or 'ended'}; {CUT_SHORT}{cut}" if cut else outcome,
+                                   tables=not interrupted)
         if self.sim is not None:
             try:
                 self.sim.down()
