@@ -95,7 +95,7 @@ def test_fabric_pairs(target, run, run_dir, gpu_products, discovery, fanout, che
     pair_params, _ = fabric.params_for(device, quick=getattr(run, "quick_bench", False))
     for (product, gpus), nodes in pools.items():
         offered = {n: fabric.offers(discovery.node(n)) for n in nodes}
-        with fabric.runner(run, pair_params, pod_plan(run, discovery, nodes, gpus, device), fanout.parallel,
+        with fabric.runner(run, pod_plan(run, discovery, nodes, gpus, device), fanout.parallel,
                            fanout.say) as r:
             outcome = fabric.measure_pool(r, product, gpus, nodes, offered, pair_params, pct, every, rounds)
         run_dir.add_metrics(bench_checks.mark(fabric_checks.records(outcome), run))
@@ -115,7 +115,7 @@ def test_fabric_ring(target, run, run_dir, gpu_products, discovery, fanout, chec
     for (product, gpus), nodes in pools.items():
         what = f"fabric {product} x{gpus}: ring over {len(nodes)} nodes"
         fanout.say(f"{what}: {ring_params['collectives']}")
-        with fabric.runner(run, ring_params, pod_plan(run, discovery, nodes, gpus, device), len(nodes) * 2,
+        with fabric.runner(run, pod_plan(run, discovery, nodes, gpus, device), len(nodes) * 2,
                            fanout.say) as r:
             job = r.one(nodes, ring_params)
         if job.result:

@@ -202,8 +202,8 @@ class Runner:
     label ``gpuproof.dev/fabric=jobs`` (one shared watch), their names come from their nodes (vocab.fabric_job) and
     their annotation names the nodes."""
 
-    def __init__(self, run, params: dict, pp: PodPlan, parallel: int, say: Say = _quiet, timeout: float = 1800.0):
-        self.run, self.params, self.pp, self.say, self.timeout = run, params, pp, say, timeout
+    def __init__(self, run, pp: PodPlan, parallel: int, say: Say = _quiet, timeout: float = 1800.0):
+        self.run, self.pp, self.say, self.timeout = run, pp, say, timeout
         self.parallel = max(1, parallel)
         self.stop = threading.Event()
         self.tag = "jobs"
@@ -278,7 +278,7 @@ FLAGS = {"device": "--device", "sizes": "--sizes", "dtype": "--dtype", "iters": 
          "report_size": "--report-size"}
 
 
-def params_for(device: str, quick: bool = False, overrides: dict | None = None) -> tuple[dict, dict]:
+def params_for(device: str, quick: bool = False) -> tuple[dict, dict]:
     """(pair parameters, ring parameters): pairs time all-reduce at the judged size; the ring runs the collectives.
     On GPUs 1 GiB messages (the floors' size); on the CPU 1 MiB, where a shaped veth shows in a second."""
     if device == "cuda":
@@ -292,8 +292,7 @@ def params_for(device: str, quick: bool = False, overrides: dict | None = None) 
         pair = {"device": "cpu", "sizes": "1M", "report_size": "1M", "iters": 4, "warmup": 1, "threads": 1,
                 "collectives": "all_reduce", "sample_hz": 0}
         ring = {**pair, "sizes": "64K,1M", "collectives": "all_reduce,all_gather,sendrecv"}
-    over = overrides or {}
-    return {**pair, **over.get("pair", {})}, {**ring, **over.get("ring", {})}
+    return pair, ring
 
 
 # ------------------------------------------------------------------ a pool's outcome and its checks
@@ -340,9 +339,9 @@ def measure_pool(runner: Runner, product: str, gpus: int, nodes: list[str], offe
 
 
 @contextlib.contextmanager
-def runner(run, params: dict, pp: PodPlan, parallel: int, say: Say = _quiet, timeout: float = 1800.0):
+def runner(run, pp: PodPlan, parallel: int, say: Say = _quiet, timeout: float = 1800.0):
     ensure_configmap(run)
-    r = Runner(run, params, pp, parallel, say, timeout)
+    r = Runner(run, pp, parallel, say, timeout)
     try:
         yield r
     finally:

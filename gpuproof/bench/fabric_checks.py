@@ -71,12 +71,10 @@ def findings(o: PoolOutcome, floors: list[plan.Floor]) -> list[Finding]:
 
 def _best_words(o: PoolOutcome, node: str) -> str:
     j = o.judgement
-    figs = [j.figures.get(p) for p in j.partners.get(node, [])]
-    figs = [f for f in figs if f is not None]
-    if not figs:
+    if node not in j.best:
         return "no figure"
     ref = f" against the reference {j.reference:.3g} GB/s" if j.reference else ""
-    return f"best pair {max(figs):.3g} GB/s{ref}"
+    return f"best pair {j.best[node]:.3g} GB/s{ref}"
 
 
 def _transport_findings(o: PoolOutcome, nccl_log, where: str) -> list[Finding]:
@@ -157,9 +155,7 @@ def records(o: PoolOutcome) -> list[MetricRecord]:
         rec("pair_busbw_gbps", run.busbw, "GB/s", p, run.name)
         rec("pair_seconds", run.seconds, "s", {"retest": run.retest}, run.name)
     for node in o.nodes:
-        figs = [o.judgement.figures.get(p) for p in o.judgement.partners.get(node, [])]
-        figs = [f for f in figs if f is not None]
-        rec("node_best_pair_busbw_gbps", max(figs) if figs else None, "GB/s",
+        rec("node_best_pair_busbw_gbps", o.judgement.best.get(node), "GB/s",
             {"bad": node in o.verdicts.bad_nodes}, node)
     where = f"{len(o.nodes)} nodes"
     rec("reference_busbw_gbps", o.judgement.reference, "GB/s", {"pct": o.judgement.pct}, where)

@@ -84,6 +84,7 @@ class Judgement:
     partners: dict[str, list[Pair]]           # node -> its pairs (measured, not retests)
     figures: dict[Pair, float | None]
     every: list[str] = dataclasses.field(default_factory=list)   # nodes slow with every partner (two or more)
+    best: dict[str, float] = dataclasses.field(default_factory=dict)   # node -> its best pair's figure
 
     @property
     def limit(self) -> float | None:
@@ -112,7 +113,7 @@ def judge(figures: dict[Pair, float | None], pct: float = DEFAULT_POOL_PCT) -> J
     every = sorted(n for n, ps in partners.items() if len(ps) >= 2 and all(p in slow for p in ps))
     good = sorted(n for n, ps in partners.items() if n not in every and all(figures[p] is not None for p in ps)
                   and not any(p in slow and not set(p) & set(every) for p in ps))
-    return Judgement(pct, reference, slow, good, partners, figures, every)
+    return Judgement(pct, reference, slow, good, partners, figures, every, best)
 
 
 def retests(j: Judgement) -> list[list[Pair]]:
