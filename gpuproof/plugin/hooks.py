@@ -99,7 +99,9 @@ class Interrupt:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
-        if not isinstance(excinfo.value, KeyboardInterrupt):      # pytest.exit(): the session's end, as usual
+        # pytest.exit(), or the session stopped on purpose (Session.Interrupted, a KeyboardInterrupt: -x, or the run
+        # cut short by an API server gone, hooks above): the session's end, as usual, with its parquet tables
+        if not isinstance(excinfo.value, KeyboardInterrupt) or isinstance(excinfo.value, pytest.Session.Interrupted):
             return
         if not self.config.getoption("fulltrace", False):
             _shorten(excinfo)
