@@ -6,6 +6,8 @@ import it instead of each other.
 """
 
 GPU = "nvidia.com/gpu"                       # the device plugin's whole-GPU resource
+# on gpuproof's workload pods: the workload (script) the pod runs; replay nodes fail such a pod without a recording
+COMPONENT_LABEL = "gpuproof.dev/component"
 GPU_SHARED = "nvidia.com/gpu.shared"         # ... renamed when shared (renameByDefault)
 
 # Which software wrote a simulated node's GPU labels and resources (e.g. "gpu-feature-discovery v0.19.3",

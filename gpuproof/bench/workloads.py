@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any, Iterable
 
 from .. import package_folder
+from ..vocab import COMPONENT_LABEL  # noqa: F401  (the label is vocabulary: replay nodes read it)
 from ..cluster.placement import place, pod_manifest
 from ..errors import GpuproofError
 from ..images import DEFAULT_IMAGE, DEFAULT_LOADGEN_IMAGE, Image, as_image  # noqa: F401  (wl.Image, ...)
@@ -35,7 +36,6 @@ CONFIGMAP_NAME = "gpuproof-workloads"
 GPU_RESOURCE = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 WORKLOAD_LABEL = "gpuproof.dev/workload"
-COMPONENT_LABEL = "gpuproof.dev/component"
 RDZV_PORT = 29500
 INFERENCE_PORT = 8000
 HEALTH_PATH = "/healthz"          # the inference server's readiness endpoint

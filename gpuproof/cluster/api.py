@@ -38,6 +38,7 @@ from kubernetes.config.config_exception import ConfigException
 
 from ..errors import ApiGone, ApiUnreachable, ClusterError, WaitTimeout, one_line
 from .podconditions import pod_done, pod_running
+from .rate import TokenBucket
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 RUN_LABEL = "gpuproof.dev/run"
@@ -57,6 +58,11 @@ THROTTLED_TRIES = 8         # answers of 429 (Too Many Requests) one request is 
 # seconds a request may go without an answer (refused, reset, unanswered) before the API server is taken as gone and
 # the run stops, cut short (--api-deadline, $GPUPROOF_API_DEADLINE); within it, a request safe to send again is
 API_DEADLINE = 120.0
+# requests a second the run's client sends at most, and at once (--api-qps, $GPUPROOF_API_QPS): what controllers
+# built for large clusters set (client-go's own default, 5 and 10, throttles a fleet's fan-out). Watches are not
+# counted (one request each, then events); 429s are sent again as the API server says (above)
+API_QPS = 50.0
+API_BURST = 100.0
 # requests sent again when the API server refused or broke off the connection: reads, deletes (gpuproof deletes only
 # its own objects: a second delete finds it gone) and the run lease's renewal (a replace at a resourceVersion)
 SAFE_AGAIN = ("GET", "HEAD", "DELETE")
@@ -70,9 +76,10 @@ def run_labels(run_id: str) -> dict[str, str]:
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None, check: bool = True,
-            api_deadline: float | None = None) -> "Cluster":
+            api_deadline: float | None = None, qps: float | None = None) -> "Cluster":
     """Connect by kubeconfig/context. With check, fail fast and clearly when unreachable. ``api_deadline``: seconds
-    a request may go unanswered (default :data:`API_DEADLINE`, or ``$GPUPROOF_API_DEADLINE``)."""
+    a request may go unanswered (default :data:`API_DEADLINE`, or ``$GPUPROOF_API_DEADLINE``); ``qps``: requests a
+    second sent at most, :data:`API_BURST` at once (default :data:`API_QPS`, or ``$GPUPROOF_API_QPS``)."""
     cfg = k8s.Configuration()
     try:
         k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
@@ -87,10 +94,14 @@ def connect(kubeconfig: str | None = None, context: str | None = None, check: bo
     cfg.retries = urllib3.Retry(total=10, connect=2, read=0, status=THROTTLED_TRIES, status_forcelist=(429,),
                                 allowed_methods=None, respect_retry_after_header=True, backoff_factor=0.2,
                                 raise_on_status=False)
-    # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 64)
+    # a fan-out holds up to --parallel requests at once (a log read, a create, a delete per worker), plus the watches;
+    # the bucket bounds how many start a second, the pool how many connections are kept for the next
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 300)
     api = k8s.ApiClient(cfg)
-    InFlight.attach(api).deadline = api_deadline_from(api_deadline)
+    inflight = InFlight.attach(api)
+    inflight.deadline = api_deadline_from(api_deadline)
+    rate = api_qps_from(qps)
+    inflight.bucket = TokenBucket(rate, API_BURST) if rate else None
     name = context or _current_context(kubeconfig)
     cluster = Cluster(api, name=name, kubeconfig=kubeconfig)
     if check:
@@ -103,6 +114,20 @@ def _current_context(kubeconfig: str | None) -> str:
         _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
         return active["name"]
     return "default"
+
+
+def api_qps_from(value: float | str | None) -> float:
+    """The client's request rate: ``value``, else ``$GPUPROOF_API_QPS``, else :data:`API_QPS`; 0 means unbounded."""
+    import os
+
+    raw = value if value is not None else os.environ.get("GPUPROOF_API_QPS") or API_QPS
+    try:
+        rate = float(raw)
+    except ValueError:
+        raise ClusterError(f"the API request rate must be a number of requests a second, got {raw!r}") from None
+    if rate < 0:
+        raise ClusterError(f"the API request rate must be 0 (unbounded) or more requests a second, got {rate:g}")
+    return rate
 
 
 def api_deadline_from(value: float | str | None) -> float:
@@ -147,6 +172,7 @@ class InFlight:
         self._next = 0
         self.open: dict[int, tuple[str, str, float]] = {}     # id -> (method, path, since)
         self.deadline = API_DEADLINE
+        self.bucket: TokenBucket | None = None                # --api-qps (None: unbounded)
 
     @classmethod
     def attach(cls, api: k8s.ApiClient) -> "InFlight":
@@ -158,6 +184,8 @@ class InFlight:
         send = rest.request
 
         def request(method, url, *args, **kwargs):
+            if inflight.bucket is not None and not _is_watch(args, kwargs):
+                inflight.bucket.take()          # --api-qps: the client's own rate, as client-go's (watches aside)
             key = inflight._begin(method, url)
             try:
                 if kwargs.get("_request_timeout") is not None:     # the caller bounds it and handles its errors

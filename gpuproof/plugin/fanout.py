@@ -8,6 +8,12 @@ such a check starts its per-node work on every node the check is parametrized ov
 the same test function), as background workers with at most ``--parallel`` pods in flight; each item then waits for
 its own node's outcome and judges it. The check takes about as long as its slowest node, not the sum.
 
+Width (issue #52): ``--parallel`` defaults to hundreds of pods in flight (``DEFAULT_PARALLEL``), what a real control
+plane carries; what spares the API server is the rate: pods start at most ``POD_RATE`` a second, and every request
+of the run's client goes through its ``--api-qps`` bucket (cluster/api.py), a 429 sent again as the server says. A
+node's pod that never finishes holds its own slot until its deadline, never the other nodes' progress. Per pod in
+flight the fan-out costs a worker thread blocked on its wait, and no watch or poll of its own: one watch per check.
+
 A suite calls::
 
     value = fanout.result(request, node, work)      # work(node, lane) runs in a worker thread
@@ -42,9 +48,10 @@ from typing import Any, Callable
 import pytest
 
 from ..cluster.nodewatch import lost_reason
+from ..cluster.rate import TokenBucket
 from ..errors import ClusterError, GpuproofError, NodeLost
 from ..results import MetricRecord
-from .options import DEFAULT_PARALLEL, PARALLEL_ENV, parse_parallel  # noqa: F401  (declared with the options)
+from .options import DEFAULT_PARALLEL, PARALLEL_ENV, POD_RATE, parse_parallel  # noqa: F401  (declared with the options)
 
 FANOUT_LABEL = "gpuproof.dev/fanout"
 _KEY = pytest.StashKey["FanOut"]()
@@ -102,6 +109,8 @@ class Lane:
     def pods(self, count: int = 1):
         """Hold ``count`` of the ``--parallel`` pod slots while the pods run (counted for the check too)."""
         with self.job.fan.budget.take(count, self.stop), self.job.pods.take(count, self.stop):
+            if not self.job.fan.starts.take(count, self.stop):        # POD_RATE: pods started a second, at most
+                raise GpuproofError("the run is ending")
             yield
 
     def wait_done(self, name: str, timeout: float):
@@ -189,6 +198,7 @@ class FanOut:
     def __init__(self, run, parallel: int, say: Callable[[str], None], after: float = 10.0, run_dir=None):
         self.run, self.parallel, self.say, self.after, self.run_dir = run, parallel, say, after, run_dir
         self.budget = Budget(parallel)
+        self.starts = TokenBucket(POD_RATE)
         self.stop = threading.Event()
         self.jobs: dict[Any, Job] = {}
         self._queue: queue.Queue = queue.Queue()
@@ -263,7 +273,7 @@ class FanOut:
         if len(members) > 1:
             plural = "s" if self.parallel > 1 else ""
             self.say(f"{job.name}: {len(members)} nodes at once, at most {self.parallel} pod{plural} in flight "
-                     f"(--parallel)")
+                     f"(--parallel), started at most {POD_RATE:g} a second")
         self._grow(min(self.parallel, len(members)))
         for n in members:
             self._queue.put((job, n))

@@ -15,7 +15,10 @@ from typing import Any, Callable
 
 from ..errors import GpuproofError
 
-DEFAULT_PARALLEL = 16               # pods in flight of the per-node checks (gpuproof/plugin/fanout.py)
+# pods in flight of the per-node checks (gpuproof/plugin/fanout.py): a width a real control plane carries (it runs
+# thousands of pods); the API server is spared by the rate of requests (--api-qps) and of pod starts (POD_RATE)
+DEFAULT_PARALLEL = 256
+POD_RATE = 20.0                     # pods a second the fan-out starts at most (a burst of as many)
 PARALLEL_ENV = "GPUPROOF_PARALLEL"
 DEFAULT_PROGRESS_AFTER = 10.0       # seconds before a step is reported (gpuproof/plugin/progress.py)
 
@@ -34,6 +37,11 @@ def parse_parallel(text: Any, source: str = "--parallel") -> int:
 def _seconds_or_off(value: float) -> None:
     if value < 0:
         raise GpuproofError(f"--progress-after must be 0 (off) or more seconds, got {value:g}")
+
+
+def _rate(value: float) -> None:
+    if value < 0:
+        raise GpuproofError(f"--api-qps must be 0 (unbounded) or more requests a second, got {value:g}")
 
 
 def _more_than_zero(value: float) -> None:
@@ -95,15 +103,19 @@ OPTIONS: tuple[Option, ...] = (
                            "the report written); within it reads, deletes and lease renewals are sent again, so a "
                            "restarted API server is outlasted. Default 120, or $GPUPROOF_API_DEADLINE",
            metavar="SECONDS", type=float, check=_more_than_zero, cli=RUN),
+    Option("api-qps", "requests a second this run sends the API server at most, 100 at once (watches aside; a 429 "
+                      "is sent again as the API server says); 0 for no bound. Default 50, or $GPUPROOF_API_QPS",
+           metavar="N", type=float, check=_rate, cli=RUN),
     Option("no-lease", "run without taking the cluster's run lease (concurrent runs are then not kept apart)",
            flag=True),
     Option("progress-after", "report a step (a check, a pod waiting, an image pull, a benchmark pod) once it has "
                              "lasted this long, then at doubling intervals; the time left is shown at most every 3x "
                              f"this; 0 turns progress off (default {DEFAULT_PROGRESS_AFTER:g})",
            metavar="SECONDS", type=float, default=DEFAULT_PROGRESS_AFTER, check=_seconds_or_off, cli=RUN),
-    Option("parallel", "per-node checks (health, census, topology, time-slicing probes) start on every node at once, "
-                       f"with at most N pods in flight (default {DEFAULT_PARALLEL}, or ${PARALLEL_ENV}); each node is "
-                       "still its own test. Lower it to spare a busy API server, raise it for large fleets",
+    Option("parallel", "per-node checks (health, census, topology, access, driver and time-slicing probes) start on "
+                       f"every node at once, with at most N pods in flight (default {DEFAULT_PARALLEL}, or "
+                       f"${PARALLEL_ENV}), started at most {POD_RATE:g} a second; each node is still its own test. "
+                       "Lower it for fewer pods at once; --api-qps bounds the requests",
            metavar="N", default=lambda: os.environ.get(PARALLEL_ENV), check=parse_parallel, cli=RUN),
 )
 BY_NAME = {o.name: o for o in OPTIONS}

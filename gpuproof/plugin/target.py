@@ -95,7 +95,8 @@ class Target:
         try:
             if self.real:
                 kubeconfig, context = self.choice.open(self.progress)   # creates a throwaway (kind, ...) cluster
-                self.cluster = connect(kubeconfig, context, api_deadline=self.config.getoption("api_deadline", None))
+                self.cluster = connect(kubeconfig, context, api_deadline=self.config.getoption("api_deadline", None),
+                                       qps=self.config.getoption("api_qps", None))
                 self._kubeconfig = kubeconfig
                 from ..cluster.rbac import preflight, pytest_needs
 
@@ -117,7 +118,8 @@ class Target:
                 self.sim = SimCluster(state, base_port=base, private=True)
                 self.progress(f"starting embedded cluster (fleet {self.fleet.name}, {self.fleet.node_count} nodes)")
                 kubeconfig = self.sim.up(self.fleet, progress=self.progress)
-                self.cluster = connect(str(kubeconfig), api_deadline=self.config.getoption("api_deadline", None))
+                self.cluster = connect(str(kubeconfig), api_deadline=self.config.getoption("api_deadline", None),
+                                       qps=self.config.getoption("api_qps", None))
                 self.cluster.name = "embedded"
         except GpuproofError as exc:
             self.error = exc

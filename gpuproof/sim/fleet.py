@@ -165,6 +165,16 @@ class Fault:
         return self.ready is False or bool(self.conditions)
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplayLatency:
+    """A replay pool's pod latencies (fleet field ``replayLatency: {startS, runS}``): each pod on its nodes becomes
+    Running ``start_s`` after it is bound, and its workload ends ``run_s`` later; each delay is drawn uniformly up to
+    ``JITTER`` longer, as real pods do not all take the same time."""
+    start_s: float = 0.0
+    run_s: float = 0.0
+    JITTER = 0.1
+
+
 @dataclasses.dataclass
 class Pool:
     name: str
@@ -183,6 +193,9 @@ class Pool:
     offer: str = "device-plugin"
     backend: str = "kwok"
     host_driver: Any = None     # gpuhost.HostDriver: the gpu-host fleet's node runs over this machine's own driver
+    # replay nodes: how long each pod takes to start (image pull, container start) and its workload to run, in
+    # seconds, as kwok's Stage delays (gpuproof.sim.stages); None: at once
+    replay_latency: "ReplayLatency | None" = None
 
     @property
     def device_plugin(self) -> bool:

@@ -15,7 +15,8 @@ import yaml
 
 from .. import catalog
 from ..errors import FleetError
-from .fleet import NODE_IMAGES, ControlPlane, Fault, Fleet, GpuSpec, Mig, Pool, Taint, TimeSlicing, deep_merge
+from .fleet import (NODE_IMAGES, ControlPlane, Fault, Fleet, GpuSpec, Mig, Pool, ReplayLatency, Taint, TimeSlicing,
+                    deep_merge)
 from .nvidia import MOCK_MAX_GPUS
 
 FLEETS_DIR = Path(__file__).parent / "fleets"
@@ -368,6 +369,13 @@ def _parse_pool(f: _Fields) -> Pool:
             _check_replay_link(pool, i, fault, f)
     if pool.backend == "kubelet":
         _check_kubelet_pool(pool, f)
+    lat_f = f.mapping("replayLatency")
+    if lat_f:
+        if pool.backend != "replay":
+            f.fail("replayLatency", "is for replay nodes, whose pods kwok completes; kubelet nodes' pods take the "
+                                    "time they take")
+        pool.replay_latency = ReplayLatency(_seconds(lat_f, "startS"), _seconds(lat_f, "runS"))
+        lat_f.done()
     if pool.backend == "replay":
         _check_replay_pool(pool, f)
     f.done()
@@ -414,6 +422,13 @@ def _check_kubelet_pool(pool: Pool, f: _Fields) -> None:
                                    "devicePluginConfig, missingImages, cpuPercent, containerToolkit, "
                                    "labelsOverGfd, netRateMbit and slowLinks: their labels, resources and state are "
                                    "what NVIDIA's software and the kubelet make of them")
+
+
+def _seconds(f: _Fields, key: str) -> float:
+    value = f.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+        f.fail(key, f"must be a number of seconds from 0 to 3600, got {_kind(value)} {value!r}")
+    return float(value)
 
 
 def _check_replay_pool(pool: Pool, f: _Fields) -> None:

@@ -21,8 +21,8 @@ import json
 
 import yaml
 
-from .fleet import Fleet
-from ..vocab import GPU, GPU_SHARED
+from .fleet import Fleet, ReplayLatency
+from ..vocab import COMPONENT_LABEL, GPU, GPU_SHARED
 
 _POD = {"apiGroup": "v1", "kind": "Pod"}
 _NOT_DELETED = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
@@ -92,10 +92,13 @@ phase: Succeeded
 """
 
 
-def _stage(name: str, match: list[dict], nxt: dict, weight: int = 0) -> dict:
+def _stage(name: str, match: list[dict], nxt: dict, weight: int = 0, delay_s: float = 0.0) -> dict:
     spec = {"resourceRef": _POD, "selector": {"matchExpressions": match}, "next": nxt}
     if weight:
         spec["weight"] = weight
+    if delay_s > 0:         # kwok draws each pod's delay uniformly from [duration, jitter duration]
+        ms = int(delay_s * 1000)
+        spec["delay"] = {"durationMilliseconds": ms, "jitterDurationMilliseconds": int(ms * (1 + ReplayLatency.JITTER))}
     return {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Stage", "metadata": {"name": name}, "spec": spec}
 
 
@@ -129,6 +132,45 @@ def _refusals(fleet: Fleet) -> dict[tuple[str, str], list[str]]:
     return out
 
 
+# a gpuproof workload pod on a replay node that no recording serves: it fails at once, saying so (issue #52)
+UNSERVED_REASON = "NoRecording"
+UNSERVED_MESSAGE = ("replay node: no recording of this pod's workload (gpuproof.sim.replay serves gpuproof's per-node "
+                    "workloads by their pod names; record this one, or keep its check off replay nodes)")
+
+
+def _replay_pools(fleet: Fleet | None) -> list:
+    return [p for p in (fleet.pools if fleet else []) if p.backend == "replay"]
+
+
+def replay_stages(fleet: Fleet | None, replayed: list[str]) -> list[dict]:
+    """Per replay pool: its pods start after the pool's start latency (weight 1: over ``pod-ready``), the replayed
+    ones complete after its run latency, and a gpuproof workload pod (``COMPONENT_LABEL``) without a recording fails
+    at once, naming why (weight 1: over ``pod-complete``, were it a Job's)."""
+    out = []
+    names = set(replayed)
+    for pool in _replay_pools(fleet):
+        nodes = pool.node_names()
+        on_pool = {"key": ".spec.nodeName", "operator": "In", "values": nodes}
+        lat = pool.replay_latency or ReplayLatency()
+        if lat.start_s > 0:
+            out.append(_stage(f"pod-replay-start-{pool.name}", [_NOT_DELETED, _NOT_STARTED, _NOT_FINISHED, on_pool],
+                              {"statusTemplate": _RUNNING}, weight=1, delay_s=lat.start_s))
+        running = [_NOT_DELETED, {"key": ".status.phase", "operator": "In", "values": ["Running"]}, on_pool]
+        if names:
+            out.append(_stage(f"pod-replay-complete-{pool.name}",
+                              [*running, {"key": ".metadata.name", "operator": "In", "values": sorted(names)}],
+                              {"statusTemplate": _SUCCEEDED}, weight=1, delay_s=lat.run_s))
+        message = json.dumps(UNSERVED_MESSAGE)
+        out.append(_stage(f"pod-replay-unserved-{pool.name}",
+                          [*running, {"key": f'.metadata.labels.["{COMPONENT_LABEL}"]', "operator": "Exists"},
+                           *([{"key": ".metadata.name", "operator": "NotIn", "values": sorted(names)}] if names
+                             else [])],
+                          {"statusTemplate": f"phase: Failed\nreason: {UNSERVED_REASON}\nmessage: {message}\n",
+                           "event": {"type": "Warning", "reason": UNSERVED_REASON, "message": UNSERVED_MESSAGE}},
+                          weight=1))
+    return out
+
+
 def pod_stages(fleet: Fleet | None, replayed: list[str] | None = None) -> list[dict]:
     """The pod Stages; ``replayed``: the pods whose recorded logs kwok serves (they complete once Running)."""
     stages = []
@@ -150,13 +192,7 @@ def pod_stages(fleet: Fleet | None, replayed: list[str] | None = None) -> list[d
          {"key": ".metadata.ownerReferences.[].kind", "operator": "In", "values": ["Job"]}],
         {"statusTemplate": _SUCCEEDED},
     ))
-    if replayed:
-        stages.append(_stage(
-            "pod-replay-complete",
-            [_NOT_DELETED, {"key": ".status.phase", "operator": "In", "values": ["Running"]},
-             {"key": ".metadata.name", "operator": "In", "values": sorted(replayed)}],
-            {"statusTemplate": _SUCCEEDED},
-        ))
+    stages += replay_stages(fleet, replayed or [])
     stages.append(_stage("pod-delete", [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
                          {"finalizers": {"empty": True}, "delete": True}))
     return stages
