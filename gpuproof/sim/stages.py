@@ -9,8 +9,10 @@ pools, whose plugin cannot run here, get the refusal the plugin documents for MP
 
 On replay nodes (gpuproof.sim.replay) gpuproof's workload pods whose recorded logs kwok serves (and rank 1's pod of
 each replayed fabric pair) then complete as their container would: phase Succeeded, container terminated with exit
-code 0; kwok's ``ClusterLogs`` documents (in the same config file) serve each such pod's log. Other pods there run
-on, as on any kwok node.
+code 0; kwok's ``ClusterLogs`` documents (in the same config file) serve each such pod's log. A replay pool's
+``replayLatency`` delays each of its pods' start and each replayed pod's end (kwok's Stage ``delay``), as a kubelet
+and a workload take time. A gpuproof workload pod (label ``COMPONENT_LABEL``) no recording serves fails at once,
+reason ``NoRecording``; other pods there run on, as on any kwok node.
 
 Node stages are left to kwok's defaults (initialise, heartbeat).
 """
