@@ -1,7 +1,11 @@
 """Record the replay nodes' pod logs: gpuproof's own workloads run over NVIDIA's mock NVML on this machine.
 
+Long: one recorder per kind of recording (node workloads, the fabric pair, the access suite's containers), each
+setting up what its pods would have (a CPU quota, two network namespaces, a container's /dev) around run_recorded.
+
     .venv/bin/python -m gpuproof.sim.replay_record [--out gpuproof/sim/recordings] [--slow-quota 70]
     .venv/bin/python -m gpuproof.sim.replay_record --fabric [--slow-mbit 20]     # the fabric pairs' only
+    .venv/bin/python -m gpuproof.sim.replay_record --access                      # the access suite's only
 
 Each workload runs as its pod runs it on the embedded cluster's kubelet nodes: ``python workloads/<name>.py`` with
 the arguments gpuproof gives that pod on the CPU path (health and census: the benchmark's CPU parameters; the
@@ -24,21 +28,38 @@ both ends of the veth shaped by the kernel (``tc``: an HTB class at ``--slow-mbi
 bandwidths within 8% of their median (at most 30; a 1 MiB all-reduce on a shared machine's CPU varies more than that
 from run to run), the others deleted, every figure kept in ``index.json``; the slow pair is kept when it is at most
 half their median.
+
+``--access`` records the access suite's containers (suites/test_access.py, and only them: the other recordings and
+their entries stay): ``workloads/access.py --name <container>`` for each kind of container the suite's pods have
+(``granted``, ``ungranted``, ``ungranted-env-all``), started as the container runtime starts it on a node with
+NVIDIA's device plugin and container toolkit as NVIDIA recommends them (the kubelet nodes' ``containerToolkit: {}``,
+gpuproof.sim.kubelet.toolkit): in a private mount namespace whose ``/dev`` is a tmpfs holding a container's default
+devices and, for the granted container only, one GPU's ``nvidia0`` (``c 195:0``, the device spec the plugin passes)
+with the driver's control nodes ``nvidiactl`` and ``nvidia-uvm``, and ``NVIDIA_VISIBLE_DEVICES`` that GPU's UUID (the
+plugin's ``envvar`` strategy); the ungranted containers get no ``/dev/nvidia*``, the env-all one
+``NVIDIA_VISIBLE_DEVICES=all`` and ``NVIDIA_DRIVER_CAPABILITIES=all`` in its env, which a runtime that does not
+honour it from unprivileged pods leaves unused. NVIDIA's mock NVML (the same config and library as every workload
+here) lists only the GPUs whose ``/dev/nvidia<N>`` the process has, its whole config when it has none. Each
+recording is kept only when the container reached what it should (granted: ``/dev/nvidia0`` and that GPU's UUID
+alone; the others: no GPU device file).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import datetime as dt
 import json
 import os
+import stat
 import statistics
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -65,14 +86,18 @@ def _stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
 
 
-def run_recorded(argv: list[str], env: dict, log: Path, cgroup: Path | None = None) -> tuple[int, float, str]:
-    """Run argv; write its stdout and stderr to ``log`` in CRI format. Returns exit code, wall seconds, stdout."""
+def run_recorded(argv: list[str], env: dict, log: Path, cgroup: Path | None = None,
+                 setup: Callable[[], None] | None = None) -> tuple[int, float, str]:
+    """Run argv; write its stdout and stderr to ``log`` in CRI format. Returns exit code, wall seconds, stdout.
+    ``setup`` runs in the child before argv is executed (after it entered ``cgroup``)."""
     lines: list[tuple[float, int, str, str]] = []
     lock = threading.Lock()
 
     def enter_cgroup():
         if cgroup is not None:
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        if setup is not None:
+            setup()
 
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -269,6 +294,130 @@ def main_fabric(out: Path, normal: int, slow_mbit: int, most: int = 30) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- the access suite's containers
+
+# container (suites/test_access.py PODS: each pod's containers are of these kinds) -> (granted one GPU, its own env)
+ACCESS_CONTAINERS = {
+    "granted": (True, {}),
+    "ungranted": (False, {}),
+    "ungranted-env-all": (False, {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}),
+}
+NVIDIA_MAJOR = 195               # /dev/nvidia<N> and nvidiactl (minor 255): the driver's fixed major
+UVM_MAJOR = 235                  # nvidia-uvm's major is the kernel's choice on each host (dynamic); one it gives
+# what runc gives every container in /dev (the OCI runtime spec's default devices, its links, its shm)
+DEFAULT_DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9),
+                   ("tty", 5, 0))
+DEFAULT_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                 ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"))
+# a container granted GPU 0: its device file (the device plugin's device spec) and the driver's control nodes, as
+# NVIDIA's device plugin (PASS_DEVICE_SPECS) and container toolkit add them
+GRANTED_DEVICES = (("nvidia0", NVIDIA_MAJOR, 0), ("nvidiactl", NVIDIA_MAJOR, 255), ("nvidia-uvm", UVM_MAJOR, 0))
+CLONE_NEWNS, MS_NOSUID, MS_REC, MS_PRIVATE, MS_STRICTATIME = 0x20000, 0x2, 0x4000, 0x40000, 1 << 24
+
+
+def container_dev(devices: tuple[tuple[str, int, int], ...]) -> Callable[[], None]:
+    """What makes the calling process's ``/dev`` a container's: a private mount namespace (``unshare --mount
+    --propagation private``), a tmpfs over ``/dev`` (mode 755, as runc mounts it) with :data:`DEFAULT_DEVICES`,
+    :data:`DEFAULT_LINKS`, ``shm/`` and ``devices`` (name, major, minor: character devices, mode 666). Runs in the
+    recorded process's child before it executes (``run_recorded``'s ``setup``); needs root."""
+    def setup() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+
+        def ok(rc: int, what: str) -> None:
+            if rc != 0:
+                raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+        ok(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        ok(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+        ok(libc.mount(b"tmpfs", b"/dev", b"tmpfs", MS_NOSUID | MS_STRICTATIME, b"mode=755,size=65536k"),
+           "mount -t tmpfs tmpfs /dev")
+        for name, major, minor in (*DEFAULT_DEVICES, *devices):
+            os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(f"/dev/{name}", 0o666)
+        for name, target in DEFAULT_LINKS:
+            os.symlink(target, f"/dev/{name}")
+        os.mkdir("/dev/shm", 0o1777)
+    return setup
+
+
+def access_argv(container: str) -> list[str]:
+    """What each of the access suite's containers runs (suites/test_access.py ``manifest``: workload_pod's
+    ``python <access.py> --name <container>``)."""
+    return ["python", "workloads/access.py", "--name", container]
+
+
+def access_check(container: str, result: dict, uuid: str) -> str:
+    """Why ``result`` is not what the container reaches on a healthy node ('' when it is): granted, exactly
+    ``/dev/nvidia0`` and NVML's one GPU ``uuid``; otherwise no ``/dev/nvidia<N>`` and no control node. (The suite's
+    judgement, gpuproof.discovery.access, is a layer the simulator may not import: tests/test_scale_replay.py judges
+    the recordings with it.)"""
+    files = [f["path"] for f in result.get("device_files") or []]
+    gpus = [g.get("uuid") for g in (result.get("nvml") or {}).get("gpus") or []]
+    if ACCESS_CONTAINERS[container][0]:
+        want = (["/dev/nvidia0"], [uuid], ["/dev/nvidia-uvm", "/dev/nvidiactl"])
+        got = (files, gpus, result.get("control_files"))
+        return "" if got == want else f"granted: reached {got}, not {want}"
+    return "" if not files and not result.get("control_files") else \
+        f"{container}: reached {files} {result.get('control_files')}, not none"
+
+
+def main_access(out: Path) -> int:
+    """Record the access suite's containers (``--access``) and put them in ``index.json`` beside the others."""
+    from .fleet_file import parse_fleet
+    from . import gpunodes, nvidia
+
+    sw = nvidia.locate(build_missing=False)
+    index = json.loads((out / "index.json").read_text())
+    fleet = parse_fleet({"name": "rec", "pools": [{"name": "rec", "count": 1, "gpu": {"product": PRODUCT,
+                                                                                      "count": GPUS}}]})
+    CGROUP.mkdir(exist_ok=True)
+    (CGROUP / "cpu.shares").write_text(str(SHARES))
+    (CGROUP / "cpu.cfs_quota_us").write_text("-1")
+    entries = []
+    for container, (granted, own_env) in ACCESS_CONTAINERS.items():
+        file = f"access-{container}.log"
+        seed = f"replay-recording/{file.removesuffix('.log')}"
+        cfg = out / ".mock-nvml.yaml"
+        mock = gpunodes.mock_config(sw, fleet.pools[0].gpu, seed=seed)
+        cfg.write_text(yaml.safe_dump(mock, sort_keys=False))
+        uuids = [d["uuid"] for d in mock["devices"]]
+        # the container's env: what its pod sets (the env-all one's), and the device plugin's NVIDIA_VISIBLE_DEVICES
+        # for the GPU it allocated (strategy envvar, ids by UUID); nothing of this host's own NVIDIA_* or CUDA_*
+        pod_env = {**own_env, **({"NVIDIA_VISIBLE_DEVICES": uuids[0]} if granted else {})}
+        env = {k: v for k, v in sw.mock_env(cfg).items() if not k.startswith(("NVIDIA_", "CUDA_"))}
+        env.update(pod_env, PYTHONUNBUFFERED="1")
+        devices = GRANTED_DEVICES if granted else ()
+        argv = access_argv(container)
+        code, wall, stdout = run_recorded([sys.executable, *argv[1:]], env, out / file, CGROUP,
+                                          setup=container_dev(devices))
+        cfg.unlink()
+        if code != 0:
+            raise SystemExit(f"{file}: access.py exited {code}")
+        result = _last_json(stdout)
+        why = access_check(container, result, uuids[0])
+        print(f"{file}: exit {code}, {wall:.1f}s, device files {[f['path'] for f in result['device_files']]}, "
+              f"control {result['control_files']}, NVML {len(result['nvml']['gpus'])} GPU(s)", flush=True)
+        if why:
+            (out / file).unlink()
+            raise SystemExit(f"{file}: not what a healthy node's container reaches: {why}")
+        entries.append({
+            "file": file, "workload": "access", "kind": container, "uuids": uuids, "host": result.get("host"),
+            "mock_seed": seed, "gpus": GPUS, "exit_code": code, "wall_s": round(wall, 2), "cpu_quota_pct": None,
+            "argv": argv, "allocated": [uuids[0]] if granted else [],
+            "env": {"MOCK_NVML_CONFIG": f"mock_config(seed={seed!r})",
+                    "LD_LIBRARY_PATH": "NVIDIA's mock NVML (gpuproof sim build)", **pod_env},
+            "dev": ("a tmpfs in a private mount namespace: "
+                    + ", ".join(f"{n} (c {a}:{b})" for n, a, b in (*DEFAULT_DEVICES, *devices))
+                    + "; links " + ", ".join(n for n, _ in DEFAULT_LINKS) + "; shm/")})
+    if CGROUP.exists():
+        CGROUP.rmdir()
+    index["recordings"] = [r for r in index["recordings"] if r["workload"] != "access"] + entries
+    index["access_recorded"] = _stamp()
+    index["access_command"] = f"{Path(sys.executable).name} -m gpuproof.sim.replay_record --access"
+    (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from .fleet_file import parse_fleet
     from . import gpunodes, nvidia
@@ -279,11 +428,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-quota", type=int, default=70, help="percent of one core for the slow census")
     ap.add_argument("--fabric", action="store_true", help="record the fabric suite's pair only (normal and slow)")
     ap.add_argument("--slow-mbit", type=int, default=20, help="the slow pair's link, Mbit/s each way")
+    ap.add_argument("--access", action="store_true", help="record the access suite's containers only")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.fabric:
         return main_fabric(out, args.normal, args.slow_mbit)
+    if args.access:
+        return main_access(out)
     sw = nvidia.locate(build_missing=False)
     py = sys.executable
     plan = [("health-0.log", "health", "normal", GPUS, [py, "workloads/health.py", *HEALTH_ARGS], None),
@@ -330,12 +482,12 @@ def main(argv: list[str] | None = None) -> int:
                                      "slow_median": slow, "slow_share_of_normal": slow / med}
     print(f"census matmul: normal median {med:.4f} TFLOPS ({min(normal) / med:.0%}-{max(normal) / med:.0%}), "
           f"slow {slow:.4f} ({slow / med:.0%})", flush=True)
-    try:                # the fabric pair's recordings (--fabric) stay as they were
+    try:                # the fabric pair's recordings (--fabric) and the access suite's (--access) stay as they were
         before = json.loads((out / "index.json").read_text())
     except (OSError, ValueError):
         before = {}
-    index["recordings"] += [r for r in before.get("recordings", []) if r["workload"] == "fabric"]
-    index.update({k: v for k, v in before.items() if k.startswith("fabric_")})
+    index["recordings"] += [r for r in before.get("recordings", []) if r["workload"] in ("fabric", "access")]
+    index.update({k: v for k, v in before.items() if k.startswith(("fabric_", "access_"))})
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     if slow / med > 0.75:
         print("the slow recording is not 30% slower than the normal ones: record again", file=sys.stderr)
