@@ -3,8 +3,8 @@
 The seed (tests/data/runs/replay4/, its source in SOURCES.md there) is what one real ``gpuproof run`` wrote against 4
 replay nodes: 8x H100 each, node h100-2 the slow one whose census fails, every record as the suites wrote it
 (checks.jsonl, metrics.jsonl, junit.xml, inventory.json, run.json); beside it the access suite's records and JUnit
-cases of one kubelet node of the lab run in docs/examples/lab-1.37 (replay nodes do not serve the access suite's pods
-yet), so each node carries the default run's suites.
+cases of one kubelet node of the lab run in docs/examples/lab-1.37 (replay nodes did not serve the access suite's pods
+when the seed was recorded), so each node carries the default run's suites.
 
 :func:`make_fleet_run` writes ``nodes`` nodes from it: each node's records are a seed node's (h100-0, h100-1 and
 h100-3 in turn; the ``slow`` nodes the slow h100-2's), with the node's name and its GPUs' UUIDs rewritten wherever

@@ -21,6 +21,7 @@ from gpuproof.sim.stages import kwok_config
 
 H100 = {"product": "NVIDIA-H100-80GB-HBM3", "count": 8}
 NODES, SLOW = 20, 7
+ACCESS_CHECKS = ("access-granted-one-gpu", "access-ungranted-none", "access-envvar-none", "access-sibling-none")
 FLEET = {"name": "replay20", "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
          "pools": [{"name": "h100", "count": NODES, "backend": "replay", "instanceType": "p5.48xlarge",
                     "gpu": dict(H100), "faults": [{"node": SLOW, "replaySlow": True}]}]}
@@ -31,12 +32,43 @@ def test_pod_names_are_gpuproofs():
     from gpuproof.bench.base import pod_name
     from gpuproof.plugin.checks import name_on
 
+    pods = access_suite().PODS
     for node in ("h100-0", "a-node-with-a-rather-long-name-that-runs-past-fifty-chars-7"):
         names = replay.pod_names(node)
         assert names["health"] == pod_name("health", node) and names["census"] == pod_name("census", node)
         assert names["probe"] == name_on(node, "nvlink-probe", 0)      # gpuproof.plugin.checks.probe_on's rule
         assert names["driver"] == name_on(node, "driver-probe", 0)     # suites/test_driver.py's probe_on prefix
         assert len(names["probe"]) <= 63 and names["probe"].endswith("-0")
+        # the access suite's pods (its manifest: name_on(node, prefix)) and their containers, in order
+        assert replay.access_pods(node) == {name_on(node, prefix): tuple(c for c, _, _ in containers)
+                                            for prefix, containers in pods.values()}
+        assert all(len(p) <= 63 for p in replay.access_pods(node))
+
+
+def test_the_access_recordings_are_of_the_suites_containers():
+    """Each kind of container the access suite's pods have is recorded, granted or not and with its own env as the
+    suite starts it (the recorder may not import the suite either)."""
+    from gpuproof.sim.replay_record import ACCESS_CONTAINERS, access_argv
+
+    suite = access_suite()
+    kinds = {c: (granted, env) for _, containers in suite.PODS.values() for c, granted, env in containers}
+    assert kinds == ACCESS_CONTAINERS
+    assert {c for cs in replay.ACCESS_PODS.values() for c in cs} == set(kinds)
+    recs = replay.load()
+    for kind, (granted, env) in kinds.items():
+        rec, = recs.of("access", kind)
+        assert access_argv(kind)[-2:] == ["--name", kind]
+        result = _result(rec.path)
+        assert result["container"] == kind and {k: result["env"][k] for k in env} == env, result
+        assert result["env"]["NVIDIA_VISIBLE_DEVICES"] == (rec.uuids[0] if granted else env.get(
+            "NVIDIA_VISIBLE_DEVICES")), result
+
+
+def access_suite():
+    """suites/test_access.py as a module (tests/test_access_checks.py's way)."""
+    from test_access_checks import suite
+
+    return suite()
 
 
 def test_mock_uuids_are_the_mock_configs():
@@ -61,15 +93,23 @@ def test_replay_pool_nodes_and_kwok_config(tmp_path):
     assert node["status"]["addresses"][0] == {"type": "InternalIP", "address": "127.0.0.1"}
     assert node["status"]["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 20005}}
     logs = replay.node_logs(fleet, tmp_path)
-    node_pods = {p for p in logs if not replay.is_fabric(p)}      # and the fabric pairs' (tests/test_fabric_replay.py)
+    # and the fabric pairs' (tests/test_fabric_replay.py)
+    node_pods = {p for p in logs if not replay.is_fabric(p) and "/" not in p}
     assert len(node_pods) == 4 * NODES     # health, census, the topology probe and the driver suite's probe
+    access = {p: cs for i in range(NODES) for p, cs in replay.access_pods(f"h100-{i}").items()}
+    assert len(access) == 4 * NODES and {k for k in logs if "/" in k} == \
+        {replay.log_key(p, c) for p, cs in access.items() for c in cs}
     docs = list(yaml.safe_load_all(kwok_config(fleet, logs)))
-    cl = [d for d in docs if d["kind"] == "ClusterLogs"]
-    assert len(cl) == len(logs) and {d["spec"]["logs"][0]["containers"][0] for d in cl
-                                     if d["metadata"]["name"] in node_pods} == {"workload"}
-    stage = next(d for d in docs if d["kind"] == "Stage" and d["metadata"]["name"] == "pod-replay-complete")
+    cl = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ClusterLogs"}
+    assert len(cl) == len(node_pods) + len(access) + sum(replay.is_fabric(p) for p in logs)
+    assert {cl[p]["logs"][0]["containers"][0] for p in node_pods} == {"workload"}
+    for pod, containers in access.items():      # a logs entry per container, each its own file
+        assert cl[pod]["selector"] == {"matchNames": [pod]}
+        assert [(e["containers"], e["logsFile"]) for e in cl[pod]["logs"]] == \
+            [([c], str(logs[replay.log_key(pod, c)])) for c in containers]
+    stage = next(d for d in docs if d["kind"] == "Stage" and d["metadata"]["name"].startswith("pod-replay-complete"))
     names = next(e["values"] for e in stage["spec"]["selector"]["matchExpressions"] if e["key"] == ".metadata.name")
-    assert sorted(names) == replay.replayed(logs) and node_pods <= set(names)
+    assert sorted(names) == replay.replayed(logs) and node_pods | set(access) <= set(names)
     # only identifiers change: the node's UUIDs and the pod's host name; the slow node gets the slow census
     recs = replay.load()
     uuids = replay.mock_uuids(f"replay20/h100-{SLOW}", 8)
@@ -79,6 +119,51 @@ def test_replay_pool_nodes_and_kwok_config(tmp_path):
     assert slow.replace('"host": "bench-census-h100-7"', '"host": "vm"') == _renamed(source, uuids)
     result = json.loads(slow.splitlines()[-1].split(" F ", 1)[1])
     assert [g["uuid"] for g in result["gpus"]] == uuids and result["host"] == "bench-census-h100-7"
+
+
+@pytest.mark.parametrize("node", [0, SLOW, NODES - 1])
+def test_the_access_suite_judges_each_replay_nodes_containers_healthy(tmp_path, monkeypatch, node):
+    """The access suite's own judgement (suites/test_access.py judge, gpuproof.discovery.access) of the logs a replay
+    node serves its pods' containers: every check passes; the granted container reached one GPU, the node's own, the
+    one the device plugin's NVIDIA_VISIBLE_DEVICES says it allocated; the recording's UUIDs are gone."""
+    from gpuproof.discovery import access
+    from gpuproof.discovery.nodes import discover
+    from test_access_checks import run_suite
+
+    fleet = parse_fleet(FLEET, source="replay20.yaml")
+    logs = replay.node_logs(fleet, tmp_path / "logs")
+    name = f"h100-{node}"
+    uuids = replay.mock_uuids(f"replay20/{name}", 8)
+    recorded = {u for r in replay.load().items if r.workload == "access" for u in r.uuids}
+    obj = {"metadata": {"name": name, "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "8",
+                                                 "nvidia.com/gpu.product": H100["product"]}},
+           "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"},
+                      "conditions": [{"type": "Ready", "status": "True"}]}}
+    gpu_node, = discover([obj]).gpu_nodes
+    pods = replay.access_pods(name)
+    for k, (test, (prefix, containers)) in enumerate(access_suite().PODS.items()):
+        pod = f"{prefix}-{name}"
+        assert pods[pod] == tuple(c for c, _, _ in containers)
+        texts = {c: logs[replay.log_key(pod, c)].read_text() for c, _, _ in containers}
+        assert not any(u in t for t in texts.values() for u in recorded), pod
+        results = {c: _result(logs[replay.log_key(pod, c)]) for c in texts}
+        assert all(r["host"] == pod for r in results.values())
+        for c, granted, _ in containers:
+            if granted:
+                allocated = access.allocated_by_plugin(results[c])
+                assert allocated == [uuids[0]] and set(allocated) <= set(uuids), (pod, allocated)
+                assert [g["uuid"] for g in results[c]["nvml"]["gpus"]] == allocated
+            else:       # the mock's host view (not counted) is the node's GPUs
+                assert [g["uuid"] for g in results[c]["nvml"]["gpus"]] == uuids and not results[c]["device_files"]
+        checker, records = run_suite(tmp_path / str(k), monkeypatch, test, results, node=gpu_node)
+        assert len(records) == len(containers) and {r["verdict"] for r in records} == {"pass"}, records
+        assert not checker.failures and all(r["target"] == name for r in records)
+
+
+def _result(path: Path) -> dict:
+    """The workload's JSON result: the last stdout line of a CRI log."""
+    line = [x for x in path.read_text().splitlines() if " stdout F {" in x][-1]
+    return json.loads(line.split(" F ", 1)[1])
 
 
 def _renamed(rec, uuids) -> str:
@@ -112,17 +197,16 @@ def test_replay_pools_refused_naming_the_field(pool, field, words):
 @pytest.mark.sim
 @pytest.mark.slow
 def test_the_default_run_reads_recorded_results_and_names_the_slow_node(tmp_path):
-    """The whole default run against 20 replay nodes: health, census and the topology probe run as pods on every node
-    (at most --parallel 8 in flight), each result read from the pod's log through the API server; the census fails
-    the one node whose recording ran under a CPU quota, by node, GPU index and UUID, figure and pool median, and
-    nothing else fails."""
+    """The whole default run against 20 replay nodes: health, census, the topology and driver probes and the access
+    suite's pods run on every node (at most --parallel 8 in flight), each result read from the pod's log (each
+    container's) through the API server; the census fails the one node whose recording ran under a CPU quota, by
+    node, GPU index and UUID, figure and pool median, and nothing else fails: every access check passes on every
+    node."""
     fleet = tmp_path / "replay20.yaml"
     fleet.write_text(yaml.safe_dump(FLEET))
     reports = tmp_path / "reports"
-    # replay nodes hold recordings of the health, census, probe and driver pods only: the access suite's pods (a
-    # container's own device files and NVML) have none, and would wait out their deadline there
     proc = subprocess.run([sys.executable, "-m", "gpuproof", "run", "--fleet", str(fleet), "--report-dir",
-                           str(reports), "--run-id", "r20", "--parallel", "8", "-k", "not TestSecureAcceleratorAccess"],
+                           str(reports), "--run-id", "r20", "--parallel", "8"],
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     run = reports / "r20"
@@ -149,9 +233,16 @@ def test_the_default_run_reads_recorded_results_and_names_the_slow_node(tmp_path
         assert census == set(mine), node
         assert any(m["benchmark"] == "health" and m["node"] == node for m in metrics), node
         assert any(c["check"] == "nvlink-set" and c["target"] == node and c["verdict"] == "pass" for c in checks)
+        got = {c["check"]: c["verdict"] for c in checks if c["feature"] == "access" and c["target"] == node}
+        assert got == dict.fromkeys(ACCESS_CHECKS, "pass"), (node, got)
+        granted = next(c for c in checks if c["check"] == "access-granted-one-gpu" and c["target"] == node)
+        assert f"NVML lists 1: {mine[0]}" in granted["actual"] and mine[0] in granted["expected"], granted
     fan = {json.loads(m["parameters"])["job"]: m["value"] for m in metrics
            if m["benchmark"] == "fanout" and m["metric"] == "max_pods_in_flight"}
-    assert set(fan) == {"census", "health", "topology", "driver probe"} and all(v <= 8 for v in fan.values()), fan
+    access_jobs = {f"access {t}" for t in ("PositiveAccessTest", "NegativeIsolationTest", "EnvVarIsolationTest",
+                                           "MultiContainerIsolationTest")}
+    assert set(fan) == {"census", "health", "topology", "driver probe", *access_jobs} and \
+        all(v <= 8 for v in fan.values()), fan
 
 
 def _records(path: Path) -> list[dict]:

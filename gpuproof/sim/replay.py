@@ -1,18 +1,26 @@
 """Replay nodes: kwok nodes whose gpuproof workload pods return a recorded result of gpuproof's own workloads.
 
 A fleet pool with ``backend: replay`` is a pool of kwok-managed nodes (annotation ``kwok.x-k8s.io/node: replay``)
-that look like real GPU nodes to gpuproof's discovery: its per-node pod checks (health, census, the topology probe)
-place their pods there. kwok plays the kubelet: a Stage completes each workload pod (phase Succeeded, container
-``workload`` terminated with exit code 0), and kwok serves the pod's log from a ``ClusterLogs`` document of its
-config, as the kubelet serves a container's log: gpuproof reads it through the API server's ``pods/log``, exactly as
-on a real cluster (kwok started with a serving certificate; the Node carries ``status.addresses`` 127.0.0.1 and
-``status.daemonEndpoints.kubeletEndpoint.Port`` = kwok's port).
+that look like real GPU nodes to gpuproof's discovery: its per-node pod checks (health, census, the topology probe, the
+driver suite's probe, the access suite's pods) place their pods there. kwok plays the kubelet: a Stage completes each
+workload pod (phase Succeeded, each container terminated with exit code 0), and kwok serves each container's log
+from a ``ClusterLogs`` document of its config, as the kubelet serves a container's log: gpuproof reads it through
+the API server's ``pods/log``, exactly as on a real cluster (kwok started with a serving certificate; the Node
+carries ``status.addresses`` 127.0.0.1 and ``status.daemonEndpoints.kubeletEndpoint.Port`` = kwok's port).
 
 What each pod's log holds is a recording (``recordings/``, its README says how it was made): the real output of
 gpuproof's workloads run over NVIDIA's mock NVML on this machine's CPU. Per node, only identifiers are rewritten:
 the recording's GPU UUIDs become the node's (the UUIDs NVIDIA's mock gives the node's GPUs, seeded ``<fleet>/<node>``
 as a kubelet node's mock is) and the recording's host name becomes the pod's name (a pod's host name).
 A node with the fault ``replaySlow`` gets the census recorded under a CPU quota (really measured slower).
+
+The access suite's pods (suites/test_access.py: ``access-pos-<node>``, ``-neg-``, ``-env-``, ``-two-``, by
+vocab.name_on; :data:`ACCESS_PODS`): each container's log is the recording of its own kind of container
+(``workloads/access.py`` run as the container runtime starts it on a node with NVIDIA's device plugin and container
+toolkit: ``granted`` with one GPU's ``/dev/nvidia0`` and ``NVIDIA_VISIBLE_DEVICES`` that GPU's UUID, ``ungranted``
+and ``ungranted-env-all`` with no GPU device file), so access-two's two containers get two logs. The node's GPU 0
+is the granted container's GPU (the recording's becomes the node's UUID, as everywhere): its device file, NVML's one
+GPU and the device plugin's ``NVIDIA_VISIBLE_DEVICES``, from which the suite reads what was allocated.
 
 The fabric suite's pairs (gpuproof.bench.fabric: a headless Service and pods ``<vocab.fabric_job(pair)>-0`` and
 ``-1``, container ``fabric``; gpuproof reads pod ``-0``'s log): pod names follow from the nodes alone, so the pairs
@@ -49,6 +57,10 @@ ANNOTATION_VALUE = "replay"
 CONTAINER = "workload"           # the container gpuproof's workload pods run in (gpuproof.bench.workloads)
 FABRIC_CONTAINER = "fabric"     # ... and the fabric suite's (gpuproof.bench.fabric), pods named fab-<hex>-<i>
 PROBE_GPUS = 2                   # the topology check's probe asks for 2 GPUs (gpuproof/suites/test_topology.py)
+# the access suite's pods (suites/test_access.py PODS): name prefix -> its containers, in order; each container's
+# name is the kind of access recording it gets (tests/test_scale_replay.py holds them equal to the suite's)
+ACCESS_PODS = {"access-pos": ("granted",), "access-neg": ("ungranted",), "access-env": ("ungranted-env-all",),
+               "access-two": ("granted", "ungranted")}
 
 
 def pod_names(node: str) -> dict[str, str]:
@@ -61,6 +73,18 @@ def pod_names(node: str) -> dict[str, str]:
             "census": f"bench-census-{slug}"[:50].rstrip("-"),
             "probe": name_on(node, "nvlink-probe", 0),
             "driver": name_on(node, "driver-probe", 0)}
+
+
+def access_pods(node: str) -> dict[str, tuple[str, ...]]:
+    """The access suite's pods on ``node`` (vocab.name_on(node, prefix), as the suite names them) -> their
+    containers."""
+    return {name_on(node, prefix): containers for prefix, containers in ACCESS_PODS.items()}
+
+
+def log_key(pod: str, container: str) -> str:
+    """The key of one container's log in :func:`node_logs`' answer, for pods whose containers each have their own
+    (``<pod>/<container>``: neither name can hold a ``/``)."""
+    return f"{pod}/{container}"
 
 
 def mock_uuids(seed: str, count: int) -> list[str]:
@@ -76,8 +100,8 @@ def mock_uuids(seed: str, count: int) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class Recording:
     file: str
-    workload: str             # health | census | probe
-    kind: str                 # normal | slow
+    workload: str             # health | census | probe | fabric | access
+    kind: str                 # normal | slow; access: the container's (granted | ungranted | ungranted-env-all)
     uuids: tuple[str, ...]    # the recording's GPU UUIDs, in NVML index order
     host: str                 # the host name the workload wrote
     nodes: tuple[str, ...] = ()   # fabric: the node names the ranks wrote (node_names, fabric.by_node), in order
@@ -223,14 +247,23 @@ def is_fabric(pod: str) -> bool:
     return pod.startswith("fab-")
 
 
+def _pod_of(key: str) -> tuple[str, str | None]:
+    """A :func:`node_logs` key -> (pod, its container, None for the pod's only one: ``workload`` or ``fabric``)."""
+    pod, _, container = key.partition("/")
+    return pod, container or None
+
+
 def replayed(logs: dict[str, Path]) -> list[str]:
     """The pods kwok completes on replay nodes: those with a log, and rank 1's pod of each fabric pair."""
-    return sorted([*logs, *(p[:-2] + "-1" for p in logs if is_fabric(p) and p.endswith("-0"))])
+    pods = {_pod_of(k)[0] for k in logs}
+    return sorted(pods | {p[:-2] + "-1" for p in pods if is_fabric(p) and p.endswith("-0")})
 
 
 def node_logs(fleet, out: Path) -> dict[str, Path]:
     """Write every replay node's pod logs under ``out`` (the recordings with the node's identifiers), and the fabric
-    pairs' (:func:`fabric_pairs`); pod name -> its log file. Empty for a fleet without replay pools."""
+    pairs' (:func:`fabric_pairs`); pod name -> its log file, and for the access suite's pods, whose containers each
+    have their own, :func:`log_key` (``<pod>/<container>``) -> the container's (under ``out/<pod>/``). Empty for a
+    fleet without replay pools."""
     pools = [p for p in fleet.pools if p.backend == ANNOTATION_VALUE]
     if not pools:
         return {}
@@ -243,6 +276,7 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     texts = {r.file: r.path.read_text() for r in recs.items}
     logs: dict[str, Path] = {}
+    access = {kind: recs.of("access", kind) for kinds in ACCESS_PODS.values() for kind in kinds}
     for pool in pools:
         normal = recs.of("census")
         for i, node in enumerate(pool.node_names()):
@@ -257,6 +291,15 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
                 path = out / f"{pod}.log"
                 path.write_text(_rewrite(texts[rec.file], rec, uuids, pod))
                 logs[pod] = path
+            if not all(access.values()):        # recorded by `replay_record --access`
+                continue
+            for pod, containers in access_pods(node).items():
+                (out / pod).mkdir(exist_ok=True)
+                for container in containers:
+                    rec = access[container][i % len(access[container])]
+                    path = out / pod / f"{container}.log"
+                    path.write_text(_rewrite(texts[rec.file], rec, uuids, pod))   # the containers share its host name
+                    logs[log_key(pod, container)] = path
         fabric = {"normal": recs.of("fabric"), "slow": recs.of("fabric", "slow")}
         if not fabric["normal"] or pool.count < 2:
             continue
@@ -271,9 +314,14 @@ def node_logs(fleet, out: Path) -> dict[str, Path]:
 
 
 def cluster_logs(logs: dict[str, Path]) -> list[dict]:
-    """kwok's ClusterLogs documents: each pod's ``workload`` (fabric pods: ``fabric``) container's log is its file."""
+    """kwok's ClusterLogs documents, one per pod: its ``workload`` (fabric pods: ``fabric``) container's log is its
+    file; a pod whose containers each have their own log (:func:`log_key`) gets a ``logs`` entry per container."""
+    by_pod: dict[str, list[dict]] = {}
+    for key, path in sorted(logs.items()):
+        pod, container = _pod_of(key)
+        by_pod.setdefault(pod, []).append(
+            {"containers": [container or (FABRIC_CONTAINER if is_fabric(pod) else CONTAINER)],
+             "logsFile": str(path), "follow": False})
     return [{"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "ClusterLogs", "metadata": {"name": pod},
-             "spec": {"selector": {"matchNames": [pod]},
-                      "logs": [{"containers": [FABRIC_CONTAINER if is_fabric(pod) else CONTAINER],
-                                "logsFile": str(path), "follow": False}]}}
-            for pod, path in sorted(logs.items())]
+             "spec": {"selector": {"matchNames": [pod]}, "logs": entries}}
+            for pod, entries in sorted(by_pod.items())]
