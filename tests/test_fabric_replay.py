@@ -109,7 +109,7 @@ def test_every_scheduled_pair_returns_a_recording_under_its_own_nodes(tmp_path):
     docs = list(yaml.safe_load_all(kwok_config(fleet, logs)))
     by_pod = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterLogs"}
     assert by_pod[f"{vocab.fabric_job(('h100-0', 'h100-4'))}-0"]["spec"]["logs"][0]["containers"] == ["fabric"]
-    stage = next(d for d in docs if d["kind"] == "Stage" and d["metadata"]["name"] == "pod-replay-complete")
+    stage = next(d for d in docs if d["kind"] == "Stage" and d["metadata"]["name"].startswith("pod-replay-complete"))
     names = next(e["values"] for e in stage["spec"]["selector"]["matchExpressions"] if e["key"] == ".metadata.name")
     assert {f"{vocab.fabric_job(p)}-{i}" for p in schedule for i in (0, 1)} <= set(names)
 
