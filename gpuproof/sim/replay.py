@@ -31,7 +31,10 @@ as its rank's container would. A node's fault ``replaySlowLink: <index>`` makes 
 pair recorded over a link really shaped by the kernel (``tc``: 20 Mbit/s); every pair that the suite may then measure
 again (either node of the slow link with any other node: ``-again``) returns a normal recording. Other schedules
 (``GPUPROOF_FABRIC_PAIRS``) and the ring over all nodes have no recording.
-Other pods on replay nodes (no recording covers them) run on, as on any kwok node.
+A gpuproof workload pod (label ``gpuproof.dev/component``) that no recording serves fails at once, reason
+``NoRecording`` (gpuproof.sim.stages): a check that starts one on replay nodes fails, naming why, instead of waiting
+out its deadline. Other pods on replay nodes run on, as on any kwok node. A pool's ``replayLatency`` makes its pods
+take real time to start and to finish (kwok Stage delays).
 
 The device plugin's pod: a replay node's GPU labels and resources are what NVIDIA's GFD and device plugin wrote over
 the mock NVML (as for every kwok GPU node), and like the GPU operator's stand-ins of gpuproof.sim.operator, a
