@@ -46,13 +46,16 @@ from gpuproof.sim.controlplane import SimCluster, find_free_base  # noqa: E402
 from gpuproof.sim.fleet_file import load_fleet  # noqa: E402
 
 
-def fleet_file(path: Path, nodes: int, slow: int) -> Path:
+def fleet_file(path: Path, nodes: int, slow: int, start_s: float = 0.0, run_s: float = 0.0) -> Path:
+    pool = {"name": "h100", "count": nodes, "backend": "replay", "instanceType": "p5.48xlarge",
+            "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8},
+            "faults": [{"node": slow, "replaySlow": True}]}
+    if start_s or run_s:
+        pool["replayLatency"] = {"startS": start_s, "runS": run_s}
     path.write_text(yaml.safe_dump({
         "name": f"replay-{nodes}",
         "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
-        "pools": [{"name": "h100", "count": nodes, "backend": "replay", "instanceType": "p5.48xlarge",
-                   "gpu": {"product": "NVIDIA-H100-80GB-HBM3", "count": 8},
-                   "faults": [{"node": slow, "replaySlow": True}]}]}, sort_keys=False))
+        "pools": [pool]}, sort_keys=False))
     return path
 
 
@@ -155,7 +158,7 @@ def cpu_seconds(sim: SimCluster) -> dict[str, float]:
 
 
 def request_total(sim: SimCluster) -> tuple[float, collections.Counter]:
-    """The API server's apiserver_request_total, summed, and by (verb, resource)."""
+    """The API server's apiserver_request_total, summed, and by (verb, resource); its 429s under ("429", "")."""
     state = sim.load_state()
     pk = sim.dir / "pki"
     ctx = ssl.create_default_context(cafile=str(pk / "ca.crt"))
@@ -169,6 +172,8 @@ def request_total(sim: SimCluster) -> tuple[float, collections.Counter]:
         labels, value = line.rsplit(" ", 1)
         fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(",") if "=" in kv)
         total += float(value)
+        if fields.get("code", "").strip('"') == "429":
+            by[("429", "")] += float(value)
         sub = fields.get("subresource", '""').strip('"')
         by[(fields.get("verb", "").strip('"'), fields.get("resource", "").strip('"') + (f"/{sub}" if sub else ""))] \
             += float(value)
@@ -185,17 +190,24 @@ def main() -> int:
     ap.add_argument("--keep", help="keep the run's report folder here")
     ap.add_argument("--node-lease-s", type=int, default=40,
                     help="the Lease kwok's nodes hold, renewed every quarter of it (default 40, a kubelet's)")
+    ap.add_argument("--pod-start-s", type=float, default=5.0,
+                    help="seconds each pod takes to start on a replay node (image pull, container start; default 5)")
+    ap.add_argument("--pod-run-s", type=float, default=15.0,
+                    help="seconds each replayed workload runs (default 15: a pod takes 20 s in all)")
+    ap.add_argument("--select", "-k", help="gpuproof run -k: only these checks (e.g. a comparison at --parallel 16)")
     args = ap.parse_args()
     slow = args.nodes * 5 // 12 if args.slow is None else args.slow
     slow_node = f"h100-{slow}"
     bound = args.parallel or DEFAULT_PARALLEL
-    out: dict = {"nodes": args.nodes, "slow_node": slow_node, "parallel": bound, "node_lease_s": args.node_lease_s}
+    out: dict = {"nodes": args.nodes, "slow_node": slow_node, "parallel": bound, "node_lease_s": args.node_lease_s,
+                 "pod_start_s": args.pod_start_s, "pod_run_s": args.pod_run_s, "select": args.select}
     with tempfile.TemporaryDirectory(prefix="gpuproof-scale-kwok-") as tmp:
         tmp = Path(tmp)
         sim = SimCluster(tmp / "sim", base_port=find_free_base(), private=True, node_lease_s=args.node_lease_s)
         try:
             t0 = time.monotonic()
-            kubeconfig = sim.up(load_fleet(fleet_file(tmp / "fleet.yaml", args.nodes, slow)),
+            kubeconfig = sim.up(load_fleet(fleet_file(tmp / "fleet.yaml", args.nodes, slow, args.pod_start_s,
+                                                      args.pod_run_s)),
                                 progress=lambda m: print("   ", m, flush=True), timeout=900)
             out["cluster_up_s"] = round(time.monotonic() - t0, 1)
             print(f"embedded cluster with {args.nodes} replay nodes up in {out['cluster_up_s']}s", flush=True)
@@ -204,6 +216,8 @@ def main() -> int:
                    "--report-dir", str(reports), "--run-id", "scale-kwok"]
             if args.parallel:
                 cmd += ["--parallel", str(args.parallel)]
+            if args.select:
+                cmd += ["-k", args.select]
             out["command"] = " ".join(cmd[1:])
             before, by_before = request_total(sim)
             cpu0, kids0 = cpu_seconds(sim), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -230,7 +244,8 @@ def main() -> int:
     others = [f for f in fails if f not in named]
     out["slow_node_named"] = bool(named)
     out["other_failures"] = others
-    ok = bool(named) and not others and out["pods_in_flight_max"] <= bound
+    census = not args.select or "census" in args.select
+    ok = (bool(named) or not census) and not others and out["pods_in_flight_max"] <= bound
     out["ok"] = ok
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"\ngpuproof run: {out['wall_s']}s wall, exit {out['exit_code']}, {out['summary']}")
@@ -240,7 +255,8 @@ def main() -> int:
     print(f"pods in flight (watch): at most {out['pods_in_flight_max']} (bound {bound}); "
           f"{out['pods_created']} pods created; left at the end: {out['pods_left_at_end'] or 'none'}; watch "
           f"restarts: {out['pod_watch_restarts'] or 'none'}")
-    print(f"API requests: {out['api_requests']:.0f} in {out['wall_s']}s = {out['api_requests_per_s']:.1f}/s; most: "
+    print(f"API requests: {out['api_requests']:.0f} in {out['wall_s']}s = {out['api_requests_per_s']:.1f}/s, "
+          f"429s {out['api_429s']:.0f}; most: "
           + ", ".join(f"{k} {v:.0f}" for k, v in list(out["api_requests_top"].items())[:6]))
     print("CPU seconds during the run: " + ", ".join(f"{k} {v}" for k, v in out["cpu_s"].items())
           + f" (load average after: {' '.join(out['loadavg_after'])})")
@@ -263,6 +279,7 @@ def _figures(run_dir: Path, proc, wall: float, watch: InFlight, before, after, b
             job[m["metric"]] = round(m["value"], 1)
     delta = by_after.copy()
     delta.subtract(by_before)
+    throttled = delta.pop(("429", ""), 0.0)
     top = {f"{verb} {res}": v for (verb, res), v in delta.most_common(10)}
     tail = [x for x in proc.stdout.strip().splitlines() if " in " in x and ("passed" in x or "failed" in x)]
     return {"wall_s": round(wall, 1), "exit_code": proc.returncode, "summary": (tail or ["?"])[-1].strip("= "),
@@ -274,6 +291,7 @@ def _figures(run_dir: Path, proc, wall: float, watch: InFlight, before, after, b
             "pod_watch_restarts": watch.restarts, "pods_left_at_end": sorted("/".join(k) for k in watch.live),
             "pods_in_flight_series": watch.series,
             "api_requests": after - before, "api_requests_per_s": round((after - before) / wall, 1),
+            "api_429s": throttled,
             "api_requests_top": top}
 
 

@@ -388,9 +388,15 @@ class Discovery:
 
     @property
     def pools(self) -> dict[str, list[GpuNode]]:
+        """pool -> its GPU nodes; grouped once (a check per node asks it: issue #52), again if the nodes change."""
+        cached = self.__dict__.get("_pools")
+        if cached is not None and cached[0] == len(self.gpu_nodes):
+            return cached[1]
         out: dict[str, list[GpuNode]] = {}
         for n in self.gpu_nodes:
             out.setdefault(n.pool, []).append(n)
+        self.__dict__["_pools"] = (len(self.gpu_nodes), out)
+        self.__dict__.pop("_taint_counts", None)
         return out
 
     @property
@@ -417,8 +423,25 @@ class Discovery:
         """GPU nodes that are not kwok's: real GPUs execute there (real and simulated is per node)."""
         return [n for n in self.gpu_nodes if not n.simulated]
 
+    def taint_counts(self, pool: str) -> dict[str, int]:
+        """taint text -> how many of the pool's nodes carry it; counted once per pool, not once per node's check."""
+        cache = self.__dict__.setdefault("_taint_counts", {})
+        if pool not in cache:
+            counts: dict[str, int] = {}
+            for n in self.pools.get(pool, []):
+                for text in set(n.taint_strings()):
+                    counts[text] = counts.get(text, 0) + 1
+            cache[pool] = counts
+        return cache[pool]
+
     def node(self, name: str) -> GpuNode:
-        return next(n for n in self.gpu_nodes if n.name == name)
+        """The GPU node of this name (StopIteration if none); by an index built once, not a scan per call."""
+        index = self.__dict__.get("_by_name")
+        if index is None or len(index) != len(self.gpu_nodes):
+            index = self.__dict__["_by_name"] = {n.name: n for n in self.gpu_nodes}
+        if name not in index:
+            raise StopIteration(name)
+        return index[name]
 
 
 def _as_dict(node) -> dict:

@@ -207,7 +207,6 @@ def check(request, run_dir):
     feature = getattr(module, "FEATURE", module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
     node = request.getfixturevalue("gpu_node") if "gpu_node" in request.fixturenames else None
     t = get_target(request.config)
-    known = {n.name: n for n in t._discovery.gpu_nodes} if t._discovery is not None else {}
-    checker = Checker(run_dir, feature, node, known, lost=t.lost_reason)
+    checker = Checker(run_dir, feature, node, t.gpu_nodes_by_name(), lost=t.lost_reason)
     request.node._gpuproof_checker = checker
     return checker
