@@ -94,15 +94,19 @@ PLUGIN_LABELS = {("app", "nvidia-device-plugin-daemonset"), ("k8s-app", "nvidia-
 PLUGIN_SELECTORS = [f"{k}={v}" for k, v in sorted(PLUGIN_LABELS)] + ["app.kubernetes.io/name=nvidia-device-plugin"]
 
 
-@pytest.fixture(scope="module")
-def plugin_pods(target) -> dict[str, list]:
+def plugin_pods_by_node(core) -> dict[str, list]:
     """node name -> the device-plugin pods on it, from one list per label of :data:`PLUGIN_SELECTORS`."""
     out: dict[str, dict] = {}
     for selector in PLUGIN_SELECTORS:
-        for p in target.cluster.core.list_pod_for_all_namespaces(label_selector=selector).items:
+        for p in core.list_pod_for_all_namespaces(label_selector=selector).items:
             if p.spec and p.spec.node_name and _is_device_plugin(p):
-                out.setdefault(p.spec.node_name, {})[p.metadata.uid] = p
+                out.setdefault(p.spec.node_name, {})[(p.metadata.namespace, p.metadata.name)] = p
     return {node: list(pods.values()) for node, pods in out.items()}
+
+
+@pytest.fixture(scope="module")
+def plugin_pods(target) -> dict[str, list]:
+    return plugin_pods_by_node(target.cluster.core)
 
 
 def _is_device_plugin(p) -> bool:

@@ -137,11 +137,17 @@ def plugin_ready_check(tmp_path, pods: list[V1Pod]) -> tuple[Checker, list[dict]
     """The suite's device-plugin-ready check on node a100-0 with these pods on it."""
     module = suite("advertisement")
     node = LAB.node("a100-0")
-    core = SimpleNamespace(list_pod_for_all_namespaces=lambda field_selector: SimpleNamespace(items=pods))
+    def listed(field_selector=None, label_selector=None):      # the API server's answer to either list
+        if label_selector is None:
+            return SimpleNamespace(items=pods)
+        key, value = label_selector.split("=", 1)
+        return SimpleNamespace(items=[p for p in pods if (p.metadata.labels or {}).get(key) == value])
+
+    core = SimpleNamespace(list_pod_for_all_namespaces=listed)
     run_dir = RunDir(tmp_path / "run")
     checker = Checker(run_dir, module.FEATURE, node)
     module.test_device_plugin_pod_ready_on_node(gpu_node=node, target=SimpleNamespace(cluster=SimpleNamespace(
-        core=core)), check=checker)
+        core=core)), check=checker, plugin_pods=module.plugin_pods_by_node(core))
     return checker, [json.loads(line) for line in (run_dir.path / "checks.jsonl").read_text().splitlines()]
 
 
@@ -157,3 +163,13 @@ def test_a_gfd_pod_alone_is_not_a_device_plugin_pod(tmp_path):
 def test_the_device_plugin_pod_next_to_gfd_counts(tmp_path):
     checker, (rec,) = plugin_ready_check(tmp_path, [GFD_POD, PLUGIN_POD])
     assert rec["verdict"] == "pass" and checker.failures == []
+
+
+def test_a_plugin_pod_without_a_known_label_is_found_on_its_node(tmp_path):
+    """A deployment of the plugin with labels of its own: no label list names its node, which is listed alone."""
+    own = V1Pod(metadata=V1ObjectMeta(name="gpu-plugin-x", namespace="kube-system", labels={"team": "gpu"}),
+                spec=PLUGIN_POD.spec, status=PLUGIN_POD.status)
+    checker, (rec,) = plugin_ready_check(tmp_path / "own", [own])
+    assert rec["verdict"] == "pass", rec
+    checker, (rec,) = plugin_ready_check(tmp_path / "gfd", [GFD_POD])
+    assert rec["verdict"] == "fail" and rec["actual"] == "none", rec
