@@ -116,32 +116,31 @@ def _current_context(kubeconfig: str | None) -> str:
     return "default"
 
 
-def api_qps_from(value: float | str | None) -> float:
-    """The client's request rate: ``value``, else ``$GPUPROOF_API_QPS``, else :data:`API_QPS`; 0 means unbounded."""
+def _number_setting(value: float | str | None, env: str, default: float, what: str, unit: str,
+                    out_of_range: Callable[[float], bool], range_words: str) -> float:
+    """``value``, else ``$env``, else ``default``, as a number; anything else one line naming ``what``."""
     import os
 
-    raw = value if value is not None else os.environ.get("GPUPROOF_API_QPS") or API_QPS
+    raw = value if value is not None else os.environ.get(env) or default
     try:
-        rate = float(raw)
+        number = float(raw)
     except ValueError:
-        raise ClusterError(f"the API request rate must be a number of requests a second, got {raw!r}") from None
-    if rate < 0:
-        raise ClusterError(f"the API request rate must be 0 (unbounded) or more requests a second, got {rate:g}")
-    return rate
+        raise ClusterError(f"{what} must be a number of {unit}, got {raw!r}") from None
+    if out_of_range(number):
+        raise ClusterError(f"{what} must be {range_words}, got {number:g}")
+    return number
+
+
+def api_qps_from(value: float | str | None) -> float:
+    """The client's request rate: ``value``, else ``$GPUPROOF_API_QPS``, else :data:`API_QPS`; 0 means unbounded."""
+    return _number_setting(value, "GPUPROOF_API_QPS", API_QPS, "the API request rate", "requests a second",
+                           lambda n: n < 0, "0 (unbounded) or more requests a second")
 
 
 def api_deadline_from(value: float | str | None) -> float:
     """The API deadline in seconds: ``value``, else ``$GPUPROOF_API_DEADLINE``, else :data:`API_DEADLINE`."""
-    import os
-
-    raw = value if value is not None else os.environ.get("GPUPROOF_API_DEADLINE") or API_DEADLINE
-    try:
-        seconds = float(raw)
-    except ValueError:
-        raise ClusterError(f"the API deadline must be a number of seconds, got {raw!r}") from None
-    if seconds <= 0:
-        raise ClusterError(f"the API deadline must be more than 0 seconds, got {seconds:g}")
-    return seconds
+    return _number_setting(value, "GPUPROOF_API_DEADLINE", API_DEADLINE, "the API deadline", "seconds",
+                           lambda n: n <= 0, "more than 0 seconds")
 
 
 def _not_sent(exc: BaseException) -> bool:
