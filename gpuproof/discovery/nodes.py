@@ -434,11 +434,16 @@ class Discovery:
             cache[pool] = counts
         return cache[pool]
 
-    def node(self, name: str) -> GpuNode:
-        """The GPU node of this name (StopIteration if none); by an index built once, not a scan per call."""
+    def by_name(self) -> dict[str, GpuNode]:
+        """name -> GPU node, built once (every check's checker and :meth:`node` ask it: issue #52)."""
         index = self.__dict__.get("_by_name")
         if index is None or len(index) != len(self.gpu_nodes):
             index = self.__dict__["_by_name"] = {n.name: n for n in self.gpu_nodes}
+        return index
+
+    def node(self, name: str) -> GpuNode:
+        """The GPU node of this name (StopIteration if none)."""
+        index = self.by_name()
         if name not in index:
             raise StopIteration(name)
         return index[name]

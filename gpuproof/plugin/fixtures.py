@@ -207,6 +207,8 @@ def check(request, run_dir):
     feature = getattr(module, "FEATURE", module.__name__.rsplit(".", 1)[-1].removeprefix("test_"))
     node = request.getfixturevalue("gpu_node") if "gpu_node" in request.fixturenames else None
     t = get_target(request.config)
-    checker = Checker(run_dir, feature, node, t.gpu_nodes_by_name(), lost=t.lost_reason)
+    # the fleet's index, built once per discovery (rebuilt per check it cost O(nodes) per item: issue #52)
+    known = t._discovery.by_name() if t._discovery is not None else {}
+    checker = Checker(run_dir, feature, node, known, lost=t.lost_reason)
     request.node._gpuproof_checker = checker
     return checker

@@ -184,17 +184,6 @@ class Target:
                 watch_nodes(cluster, nodes, say=self._say_lost)
         return self._discovery
 
-    def gpu_nodes_by_name(self) -> dict:
-        """The discovered GPU nodes by name ({} before discovery), built once per discovery: every check's checker
-        gets it, and rebuilding it per check cost O(nodes) per item (issue #52)."""
-        d = self._discovery
-        if d is None:
-            return {}
-        cached = getattr(self, "_by_name", None)
-        if cached is None or cached[0] is not d:
-            cached = self._by_name = (d, {n.name: n for n in d.gpu_nodes})
-        return cached[1]
-
     def _say_lost(self, msg: str) -> None:
         """A node lost, said from the node watch's thread (through the progress plugin, which may speak there)."""
         # progress.PLUGIN_NAME (progress.py imports this module: named here, not imported)
