@@ -35,9 +35,11 @@ pytestmark = [pytest.mark.server, pytest.mark.speed]
 pytest.importorskip("torch", reason="the workloads run on this host with gpuproof's 'bench' extra")
 
 ROOT = Path(__file__).resolve().parents[1]
-# small but long enough per timed step (several ms) that a 2 ms-per-10 ms quota slows each one down
+# small but long enough per timed step that a 2 ms-per-10 ms quota slows each one down: a matmul is timed one
+# iteration at a time, and a 512 bf16 one takes about 1.3 ms on one core here, inside the quota, so most of its steps
+# ran at full speed (CI saw bf16 fall 12% where fp32 fell 85%); 1024 takes about 10 ms in bf16 and 23 ms in fp32
 BENCH = ["bench", "--local", "matmul,hbm,allreduce,inference", "--device", "cpu", "--threads", "1", "--quiet",
-         "--matmul-sizes", "512", "--dtypes", "fp32,bf16", "--iters", "5", "--hbm-size", "32M",
+         "--matmul-sizes", "1024", "--dtypes", "fp32,bf16", "--iters", "5", "--hbm-size", "32M",
          "--allreduce-sizes", "64K,1M", "--nproc", "2", "--rates", "4", "--step-s", "3",
          "--input-tokens", "16", "--output-tokens", "8"]
 QUOTA_US, PERIOD_US = 2000, 10000
