@@ -40,7 +40,7 @@ from ..vocab import SIMULATED
 from .fleet import KWOK_ANNOTATION, KWOK_MANAGED, ControlPlane, Fleet, kwok_managed
 from . import binaries as _binaries
 from . import replay
-from .pki import make_pki
+from .pki import FRONT_PROXY_CLIENT, make_pki
 from .stages import kwok_config
 
 DEFAULT_PORT = 16443
@@ -306,6 +306,8 @@ class SimCluster:
             raise ControlPlaneError("the embedded cluster is not running")
         if control_plane is not None:
             self._control_plane, state.control_plane = control_plane, control_plane.key()
+            if comp == "kube-scheduler":         # its plugins are in its config file: written anew
+                self._write_scheduler_config(control_plane)
         pid, exe = state.pids.get(comp), state.exes[comp]
         if pid and _alive(pid, exe):
             with contextlib.suppress(ProcessLookupError):
@@ -418,10 +420,20 @@ class SimCluster:
                     *([f"--disable-admission-plugins={','.join(self._control_plane.disable_admission_plugins)}"]
                       if self._control_plane.disable_admission_plugins else []),
                     "--kubelet-preferred-address-types=InternalIP,Hostname",   # kubelet nodes' names do not resolve
+                    # webhooks and aggregated APIs at their Services' endpoints: the host routes no Service range
+                    # (gpuproof.sim.platform)
+                    "--enable-aggregator-routing=true",
+                    f"--requestheader-client-ca-file={pk / 'front-proxy-ca.crt'}",
+                    f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+                    "--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    f"--proxy-client-cert-file={pk / 'front-proxy-client.crt'}",
+                    f"--proxy-client-key-file={pk / 'front-proxy-client.key'}",
                     *(["--enable-priority-and-fairness=false",       # the limit itself answers 429 (fleet.ControlPlane)
                        f"--max-requests-inflight={self._control_plane.max_requests_inflight}",
                        f"--max-mutating-requests-inflight={self._control_plane.max_requests_inflight}"]
                       if self._control_plane.max_requests_inflight else []),
+                    *self._control_plane.gates_flag(), *self._control_plane.runtime_config(),
                     "--allow-privileged=true", "--profiling=false", "--v=1"]
         if comp in ("kube-controller-manager", "kube-scheduler"):
             args = [exe, f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}",
@@ -430,13 +442,13 @@ class SimCluster:
             if comp == "kube-scheduler":
                 return [exe, f"--config={self.dir / 'scheduler.yaml'}", f"--authentication-kubeconfig={kc}",
                         f"--authorization-kubeconfig={kc}", "--bind-address=127.0.0.1", f"--secure-port={p[comp]}",
-                        "--profiling=false", "--v=1"]
+                        *self._control_plane.gates_flag(), "--profiling=false", "--v=1"]
             if comp == "kube-controller-manager":
                 args += [f"--service-account-private-key-file={pk / 'sa.key'}", f"--root-ca-file={pk / 'ca.crt'}",
                          f"--cluster-signing-cert-file={pk / 'ca.crt'}",
                          f"--cluster-signing-key-file={pk / 'ca.key'}",
                          "--use-service-account-credentials=false", "--concurrent-gc-syncs=20",
-                         "--kube-api-qps=200", "--kube-api-burst=400"]
+                         "--kube-api-qps=200", "--kube-api-burst=400", *self._control_plane.gates_flag()]
                 if self.node_lease_s > NODE_LEASE_S:
                     args.append(f"--node-monitor-grace-period={self.node_lease_s}s")
             return args

@@ -491,10 +491,28 @@ class ControlPlane:
     # itself answers 429 to what is over it (0: Kubernetes' defaults); the components run as system:masters, which
     # the limit exempts: only other users are throttled (issue #41 item 6)
     max_requests_inflight: int = 0
+    # Kubernetes feature gates of kube-apiserver, kube-scheduler and kube-controller-manager (name -> on), e.g.
+    # {GenericWorkload: true, GangScheduling: true}: Kubernetes' own gang scheduling (the Workload API
+    # scheduling.k8s.io/v1alpha1, which the API server then serves: WORKLOAD_API)
+    feature_gates: dict[str, bool] = dataclasses.field(default_factory=dict)
 
     def key(self) -> str:
         key = ",".join(sorted(self.disable_admission_plugins)) + "|" + ",".join(sorted(self.disable_scheduler_plugins))
+        key += "".join(f"|{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
         return key + (f"|inflight={self.max_requests_inflight}" if self.max_requests_inflight else "")
+
+    def gates_flag(self) -> list[str]:
+        """``--feature-gates=A=true,B=false`` for the components, or nothing."""
+        gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+        return [f"--feature-gates={gates}"] if gates else []
+
+    def runtime_config(self) -> list[str]:
+        """The API server's ``--runtime-config`` for the alpha APIs the gates need served (the Workload API)."""
+        return [f"--runtime-config={WORKLOAD_API}=true"] if self.feature_gates.get("GenericWorkload") else []
+
+
+# the Workload API of Kubernetes' own gang scheduling (1.35, alpha: the GenericWorkload feature gate)
+WORKLOAD_API = "scheduling.k8s.io/v1alpha1"
 
 
 @dataclasses.dataclass
@@ -507,6 +525,8 @@ class Fleet:
     device_classes: list[str] | None = None
     # what NVIDIA's GFD and device plugin said, per (pool, node index), once node_objects() ran them
     views: dict | None = None
+    # the platform's operators the embedded cluster builds and runs on kubelet nodes (gpuproof.sim.platform)
+    platform: list[str] = dataclasses.field(default_factory=list)
 
     def dra_objects(self, node_uids: dict[str, str]) -> list[dict]:
         """DeviceClasses and ResourceSlices of the fleet's DRA pools (nothing if none offers DRA)."""

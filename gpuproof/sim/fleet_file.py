@@ -508,6 +508,7 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
     if not isinstance(defaults, dict):
         top.fail("defaults", f"must be a mapping, got {_kind(defaults)}")
     pools_raw = top.get("pools", required=True)
+    operators = top.str_list("platform")
     cp = ControlPlane()
     device_classes = None
     dra_f = top.mapping("dra")
@@ -525,6 +526,12 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         cp.disable_admission_plugins = cp_f.str_list("disableAdmissionPlugins")
         cp.disable_scheduler_plugins = cp_f.str_list("disableSchedulerPlugins")
         cp.max_requests_inflight = cp_f.int("maxRequestsInflight", 0, minimum=0, maximum=100000)
+        gates_f = cp_f.mapping("featureGates")
+        if gates_f:
+            cp.feature_gates = {str(gate): gates_f.bool(gate) for gate in list(gates_f.data)}
+            for gate in cp.feature_gates:
+                if not re.match(r"^[A-Z][A-Za-z0-9]*$", gate):
+                    gates_f.fail(gate, "is not a feature gate's name (e.g. GangScheduling)")
         cp_f.done()
         for i, name in enumerate(cp.disable_admission_plugins + cp.disable_scheduler_plugins):
             if not re.match(r"^[A-Za-z][A-Za-z0-9]*$", name):
@@ -548,7 +555,28 @@ def parse_fleet(data: Any, source: str = "") -> Fleet:
         pools.append(pool)
     if sum(p.count for p in pools) == 0:
         top.fail("pools", "the fleet has no nodes (every count is 0)")
-    return Fleet(name=name, pools=pools, source=source, control_plane=cp, device_classes=device_classes)
+    _check_platform(top, operators, pools)
+    return Fleet(name=name, pools=pools, source=source, control_plane=cp, device_classes=device_classes,
+                 platform=operators)
+
+
+def _check_platform(top: _Fields, operators: list[str], pools: list[Pool]) -> None:
+    """``platform``: operators gpuproof builds (:mod:`gpuproof.sim.platform`), each with what it needs, each on a
+    kubelet node without GPUs."""
+    from .platform import OPERATORS
+
+    for i, name in enumerate(operators):
+        if name not in OPERATORS:
+            top.fail(f"platform[{i}]", f"{name!r} is not one gpuproof builds ({', '.join(OPERATORS)})")
+        if operators.index(name) != i:
+            top.fail(f"platform[{i}]", f"{name!r} is named twice")
+        for need in OPERATORS[name].needs:
+            if need not in operators:
+                top.fail(f"platform[{i}]", f"{name} needs {need} (add it to the list)")
+    hosts = sum(p.count for p in pools if p.backend == "kubelet" and p.gpu is None)
+    if len(operators) > hosts:
+        top.fail("platform", f"{len(operators)} operator(s) need as many kubelet nodes without GPUs (each serves "
+                             f"its webhooks on its node's network: backend: kubelet, no gpu); the fleet has {hosts}")
 
 
 def load_fleet(path: str | os.PathLike) -> Fleet:

@@ -186,6 +186,7 @@ WORKLOADS_ROOTFS_LINKS = {"/bin": "host/usr/bin", "/sbin": "host/usr/sbin", "/li
                           "/usr/bin/sh": f"{HOST_USR}/bin/sh"}
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
 GROUP = b"root:x:0:\nnogroup:x:65534:\n"
+NONROOT = b"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n"
 
 
 def workloads_image(sw) -> tuple[Path, str]:
@@ -223,3 +224,15 @@ def coredns_image(exe: Path, version: str) -> tuple[Path, str]:
         return tar, name
     layer = _layer({"/coredns": (exe.read_bytes(), 0o755)}, {})
     return write_oci(tar, name, layer, {"Entrypoint": ["/coredns"]}), name
+
+
+def operator_image(exe: Path, name: str, version: str) -> tuple[Path, str]:
+    """An operator's controller manager as its upstream image holds it (Kueue's, JobSet's and Kubeflow Trainer's
+    Dockerfiles: the static binary at ``/manager``, the entrypoint, user 65532 of distroless' ``nonroot``), for
+    :mod:`gpuproof.sim.platform`. Their Deployments ask ``runAsNonRoot``, which a root image fails."""
+    tar, _ = _cached(f"operator-{name}", str(exe.stat().st_size).encode(), exe.parent.name.encode(), version.encode())
+    ref = f"{REGISTRY}/{name}:{version}"
+    if tar.exists():
+        return tar, ref
+    layer = _layer({"/manager": (exe.read_bytes(), 0o755), "/etc/passwd": (PASSWD + NONROOT, 0o644)}, {})
+    return write_oci(tar, ref, layer, {"Entrypoint": ["/manager"], "User": "65532:65532"}), ref

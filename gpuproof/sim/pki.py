@@ -12,6 +12,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
 def _key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
@@ -50,10 +53,13 @@ def _sign(subject: x509.Name, pub, issuer: x509.Name, issuer_key, *, ca: bool, u
 
 
 def make_pki(folder: Path) -> dict[str, Path]:
-    """Write a CA, the apiserver's serving pair, an admin client pair and the service-account key pair."""
+    """Write a CA, the apiserver's serving pair, an admin client pair, the service-account key pair, and the
+    front proxy's CA and client pair (the API server's aggregator shows itself to aggregated APIs with it, as
+    kubeadm sets it up: Kueue's visibility API, a custom-metrics adapter)."""
     folder.mkdir(parents=True, exist_ok=True)
     files = {n: folder / n for n in ("ca.crt", "ca.key", "apiserver.crt", "apiserver.key",
-                                      "admin.crt", "admin.key", "sa.key", "sa.pub")}
+                                      "admin.crt", "admin.key", "sa.key", "sa.pub", "front-proxy-ca.crt",
+                                      "front-proxy-client.crt", "front-proxy-client.key")}
     ca_key = _key()
     ca_name = _name("gpuproof-sim-ca")
     ca = _sign(ca_name, ca_key.public_key(), ca_name, ca_key, ca=True, days=3650)
@@ -74,6 +80,13 @@ def make_pki(folder: Path) -> dict[str, Path]:
                 usages=[ExtendedKeyUsageOID.CLIENT_AUTH])
     _write_key(files["admin.key"], adm_key)
     _write_cert(files["admin.crt"], adm)
+
+    fp_key, fp_name = _key(), _name("gpuproof-sim-front-proxy-ca")
+    _write_cert(files["front-proxy-ca.crt"], _sign(fp_name, fp_key.public_key(), fp_name, fp_key, ca=True, days=3650))
+    client_key = _key()
+    _write_key(files["front-proxy-client.key"], client_key)
+    _write_cert(files["front-proxy-client.crt"], _sign(_name(FRONT_PROXY_CLIENT), client_key.public_key(), fp_name,
+                                                       fp_key, ca=False, usages=[ExtendedKeyUsageOID.CLIENT_AUTH]))
 
     sa_key = _key()
     _write_key(files["sa.key"], sa_key)

@@ -72,7 +72,10 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
     """
     from kubernetes.client.exceptions import ApiException
 
+    from .. import platform
+
     previous = _load(Path(sim_dir))
+    platform.unload(client, sim_dir)       # before the nodes go: its webhooks would refuse the next fleet's objects
     stop(sim_dir, progress=progress)
     for name in previous.nodes if previous else []:
         with contextlib.suppress(ApiException):
@@ -101,13 +104,16 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
     dra_nodes = [n.name for n, _ in gpu if n.dra]
     if dra_nodes:
         dra_image = dra.prepare(sw, progress)
+    hosts = [n.name for n, p in wanted if p.gpu is None]
+    operators = platform.prepare(fleet.platform, hosts, progress) if fleet.platform else {}
     service = client.core.read_namespaced_service("kubernetes", "default").spec.cluster_ip
     state = start(sim_dir, api_port, [n for n, _ in wanted], files, progress=progress, timeout=timeout,
                   private=private, extra_images=[image] if image else [], api_service=service,
                   gpus={n.name: p.gpu.count for n, p in gpu},
                   devices={n.name: p.host_driver.devices for n, p in gpu if p.host_driver is not None},
                   node_images=faults.node_images(wanted, {"workloads": workloads} if image else {},
-                                                 {n: [dra_image] for n in dra_nodes}))
+                                                 {**{n: [dra_image] for n in dra_nodes},
+                                                  **{node: [image] for node, image in operators.values()}}))
     if gpu:
         lent.save(sim_dir, workloads[1], host_driver)
     clusternet.deploy(client, state, progress)
@@ -126,6 +132,8 @@ def load(sim_dir: Path, api_port: int, fleet, client, progress: Progress = _quie
         faults.label_over_gfd(client, wanted, progress)
         faults.tell_crashed(client, PLUGIN_NAMESPACE, crashed, progress)
     clusternet.wait(client, state, timeout)
+    if operators:
+        platform.deploy(client, sim_dir, operators, timeout, progress)
     # once NVIDIA's software runs and CoreDNS answers: the fault is the run's to find, not the cluster's start's
     faults.limit_pod_cpu(CGROUP / "cpu" / state.cgroup, wanted, progress)
     faults.shape_network(state, wanted, progress)
