@@ -49,6 +49,20 @@ def _more_than_zero(value: float) -> None:
         raise GpuproofError(f"--api-deadline must be more than 0 seconds, got {value:g}")
 
 
+def _gang_scheduler(value: str) -> None:
+    from ..discovery.gang import check_name
+
+    try:
+        check_name(value)
+    except ValueError as exc:
+        raise GpuproofError(str(exc)) from None
+
+
+def _window(value: float) -> None:
+    if not value > 0:
+        raise GpuproofError(f"--gang-negative-window must be more than 0 seconds, got {value:g}")
+
+
 # which of gpuproof's commands take an option too, beside pytest
 TARGET = "target"       # gpuproof run and gpuproof plan: which cluster
 RUN = "run"             # gpuproof run
@@ -117,6 +131,15 @@ OPTIONS: tuple[Option, ...] = (
                        f"${PARALLEL_ENV}), started at most {POD_RATE:g} a second; each node is still its own test. "
                        "Lower it for fewer pods at once; --api-qps bounds the requests",
            metavar="N", default=lambda: os.environ.get(PARALLEL_ENV), check=parse_parallel, cli=RUN),
+    Option("gang-scheduler", "the gang scheduler the gang suite tests: auto (the first the cluster's API shows of "
+                             "kueue, volcano, kai, workload-api) or one of them (default auto)",
+           metavar="NAME", default="auto", check=_gang_scheduler, cli=RUN),
+    Option("gang-queue", "the Kueue ClusterQueue the gang suite's LocalQueue points at (default: the cluster's that "
+                         "admits the run's namespace and has nvidia.com/gpu quota; gpuproof never makes one)",
+           metavar="CLUSTERQUEUE", cli=RUN),
+    Option("gang-negative-window", "seconds the gang suite's oversized gang must keep every pod unbound (upstream's "
+                                   "-gang-negative-window; default 30)",
+           metavar="SECONDS", type=float, default=30.0, check=_window, cli=RUN),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
