@@ -82,6 +82,7 @@ def fault_tables() -> dict[str, dict]:
     import test_dra
     import test_driver_checks
     import test_fabric_checks
+    import test_gang
     import test_kubelet_faults
     import test_monitoring
     import test_monitoring_prometheus
@@ -106,6 +107,7 @@ def fault_tables() -> dict[str, dict]:
             test_access_kubelet.FAULTS,
         "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
         "tests/test_fabric_checks.py::test_fabric_check_fails_on_its_fault": test_fabric_checks.CASES,
+        "tests/test_gang.py::test_gang_check_fails_on_its_fault": test_gang.FAULTS,
         "tests/test_bench_checks.py::test_bench_check_fails_on_its_fault": test_bench_checks.RUNS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,

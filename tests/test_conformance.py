@@ -195,9 +195,14 @@ def test_the_mapping_is_the_suites_markers():
         ("VerifiableMechanismExposed", ("driver-version-advertised",), ("driver-version-advertised",)),
         ("DriverAndRuntimeCompatibility", ("driver-version-in-pod", "cuda-driver-version-in-pod"),
          ("driver-version-in-pod",))]
+    gang = reqs["gang_scheduling"]
+    assert [(p.name, p.junit, p.feature, p.checks) for p in gang.parts] == [
+        ("Positive", ("TestGangScheduling/Positive",), "gang", ("gang-bound-together", "gang-runs")),
+        ("Negative", ("TestGangScheduling/Negative",), "gang", ("gang-oversize-held",))]
+    assert gang.guard == ("TestGangScheduling",) and gang.need == "all"
     assert {rid for rid, r in reqs.items() if r.parts} == {
         "driver_runtime_management", "gpu_sharing", "accelerator_metrics", "ai_service_metrics",
-        "secure_accelerator_access"}
+        "secure_accelerator_access", "gang_scheduling"}
 
 
 def test_a_marker_that_cannot_be_read_or_names_no_requirement_is_refused(tmp_path):
@@ -263,9 +268,9 @@ def test_what_a_healthy_run_shows_is_implemented_with_anchors_and_the_log(health
         r = requirement(doc, rid)
         assert r["status"] == "" and r["evidence"] == [] and r["notes"].startswith("Not established by gpuproof run")
         assert ": not in this run" in r["notes"]
-    gang = requirement(doc, "gang_scheduling")
+    gang = requirement(doc, "gang_scheduling")      # the gang suite (suites/test_gang.py) was not in this run
     assert gang["status"] == "" and gang["evidence"] == []
-    assert gang["notes"].startswith("Not tested by gpuproof: gpuproof does not test a gang scheduler")
+    assert gang["notes"].startswith("Not established by gpuproof run") and ": not in this run" in gang["notes"]
     assert {j.requirement.id: j.state for j in ev.judgements}["robust_controller"] == "untested"
     assert (out / "junit.xml").read_bytes() == (healthy / "junit.xml").read_bytes()
     assert (out / "checks.jsonl").is_file() and (out / "checks.log").is_file()
@@ -599,7 +604,7 @@ def test_the_command_writes_the_folder_and_lists_what_is_left(healthy, tmp_path,
     assert rc == 0
     assert "wrote v1.37/acme/PRODUCT.yaml and PRODUCT.md (Kubernetes AI Conformance v1.37):" in out
     assert re.search(r"secure_accelerator_access +MUST +Implemented", out)
-    assert re.search(r"gang_scheduling +MUST +\(not tested by gpuproof\)", out)
+    assert re.search(r"gang_scheduling +MUST +\(not in this run\)", out)
     assert "still to do before a submission" in err and "gang_scheduling: a MUST needs status Implemented" in err
     doc = product(tmp_path / "v1.37" / "acme")
     assert doc["metadata"]["vendorName"] == "Acme" and doc["metadata"]["websiteUrl"] == "https://acme.example"

@@ -138,8 +138,6 @@ UNTESTED = {
     "high_performance_networking": "gpuproof's all-reduce benchmark measures bandwidth between pods, but gpuproof "
                                    "does not test how network devices are exposed (DRA, several interfaces per pod)",
     "disaggregated_inference": "gpuproof does not deploy a disaggregated inference solution",
-    "gang_scheduling": "gpuproof does not test a gang scheduler (its preemption and quota checks are not "
-                       "all-or-nothing scheduling); upstream's TestGangScheduling needs one installed",
     "cluster_autoscaling": "gpuproof never changes a cluster's size; upstream's TestAcceleratorClusterAutoscaling "
                            "needs a node pool that scales",
     "pod_autoscaling": "gpuproof does not test the HorizontalPodAutoscaler",
