@@ -63,6 +63,13 @@ def _window(value: float) -> None:
         raise GpuproofError(f"--gang-negative-window must be more than 0 seconds, got {value:g}")
 
 
+def _more_than_zero(option: str) -> Callable[[float], None]:
+    def check(value: float) -> None:
+        if not value > 0:
+            raise GpuproofError(f"--{option} must be more than 0 seconds, got {value:g}")
+    return check
+
+
 # which of gpuproof's commands take an option too, beside pytest
 TARGET = "target"       # gpuproof run and gpuproof plan: which cluster
 RUN = "run"             # gpuproof run
@@ -140,6 +147,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("gang-negative-window", "seconds the gang suite's oversized gang must keep every pod unbound (upstream's "
                                    "-gang-negative-window; default 30)",
            metavar="SECONDS", type=float, default=30.0, check=_window, cli=RUN),
+    Option("operator-ready-timeout", "seconds the operators suite waits for an operator's pods to be Ready "
+                                     "(upstream's OperatorPodsRunning: 300)",
+           metavar="SECONDS", type=float, default=300.0, check=_more_than_zero("operator-ready-timeout"), cli=RUN),
+    Option("operator-job-timeout", "seconds the operators suite waits for its distributed job (a TrainJob, a "
+                                   "JobSet) to complete (upstream's ControllerReconcilesCR: 180; default 600, for a "
+                                   "real cluster's image pulls)",
+           metavar="SECONDS", type=float, default=600.0, check=_more_than_zero("operator-job-timeout"), cli=RUN),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 
