@@ -237,6 +237,8 @@ def test_kueues_gang_is_a_job_in_the_runs_local_queue_in_the_lent_image():
     assert c["image"] == "gpuproof-workloads:lent" and c["imagePullPolicy"] == "Never"
     assert c["command"] == ["python", "-c", "import time; time.sleep(5)"] and c["env"] == [{"name": "A", "value": "1"}]
     assert gang.quota() == 4 and gang.where() == "Kueue, LocalQueue gpuproof-gang -> ClusterQueue gpus"
+    gang.queue_state = "no conditions yet (is Kueue's controller running?)"      # Kueue never made it Active
+    assert gang.where().endswith("ClusterQueue gpus (never Active: no conditions yet (is Kueue's controller running?))")
 
 
 # ---------------------------------------------------------------------------- the control plane's gates

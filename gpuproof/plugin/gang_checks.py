@@ -54,6 +54,7 @@ class Gang:
     tolerations: list[dict]
     cluster_queue: dict | None = None    # Kueue: the ClusterQueue the run's LocalQueue points at
     all_queues: list[dict] = dataclasses.field(default_factory=list)
+    queue_state: str = ""                # Kueue: how the LocalQueue was last seen, where Kueue never made it Active
 
     @property
     def kueue(self) -> bool:
@@ -76,7 +77,8 @@ class Gang:
         """The scheduler, and the queue the gang goes to, as a failure names them."""
         if self.cluster_queue is not None:
             return f"{self.found.title}, LocalQueue {LOCAL_QUEUE} -> ClusterQueue " \
-                   f"{self.cluster_queue['metadata']['name']}"
+                   f"{self.cluster_queue['metadata']['name']}" + (f" (never Active: {self.queue_state})"
+                                                                  if self.queue_state else "")
         return self.found.title
 
 
@@ -102,7 +104,7 @@ def free_gpus(cluster, nodes: list) -> dict[str, int]:
 
 def find(target, run, discovery, config) -> Gang | str:
     """The gang scheduler to test (:class:`Gang`), or why the suite skips. Kueue: the run's LocalQueue is made here,
-    and waited for until Kueue has it Active."""
+    and waited for until Kueue has it Active (one it never makes Active is named in every verdict, not skipped)."""
     cluster = target.cluster
     found, why = found_gang.choose(found_gang.find(found_gang.served(cluster)), config.getoption("gang_scheduler"))
     if found is None:
@@ -128,7 +130,7 @@ def find(target, run, discovery, config) -> Gang | str:
         if cq is None:
             return why
         gang.cluster_queue, gang.all_queues = cq, cqs
-        make_local_queue(run, found.version, cq["metadata"]["name"], target.timeouts.quota_ready)
+        gang.queue_state = make_local_queue(run, found.version, cq["metadata"]["name"], target.timeouts.quota_ready)
     return gang
 
 
@@ -143,8 +145,10 @@ def create_custom(run, api_version: str, plural: str, manifest: dict) -> dict:
                            f"HTTP {exc.status} {exc.reason}: {' '.join(str(exc.body or '').split())[:300]}") from None
 
 
-def make_local_queue(run, api_version: str, cluster_queue: str, timeout: float) -> None:
-    """The run's LocalQueue pointing at ``cluster_queue``, once Kueue reports it Active."""
+def make_local_queue(run, api_version: str, cluster_queue: str, timeout: float) -> str:
+    """The run's LocalQueue pointing at ``cluster_queue``, waited for until Kueue reports it Active: '', or how it
+    was last seen when Kueue did not within ``timeout`` (its controller stopped: the gangs then show what that does,
+    under its webhook or without one)."""
     create_custom(run, api_version, "localqueues", {"kind": "LocalQueue", "metadata": {"name": LOCAL_QUEUE},
                                                     "spec": {"clusterQueue": cluster_queue}})
     group, version = api_version.split("/")
@@ -159,9 +163,22 @@ def make_local_queue(run, api_version: str, cluster_queue: str, timeout: float) 
         return "; ".join(f"{c.get('type')}={c.get('status')} ({c.get('reason')}: {c.get('message')})"
                          for c in conds) or "no conditions yet (is Kueue's controller running?)"
 
-    watch_until(run.cluster.custom.list_namespaced_custom_object, active, timeout,
-                f"Kueue to report LocalQueue {run.namespace}/{LOCAL_QUEUE} (-> ClusterQueue {cluster_queue}) Active",
-                describe=describe, group=group, version=version, namespace=run.namespace, plural="localqueues")
+    seen: dict = {}
+
+    def active_seen(cache: dict) -> bool:
+        seen.update(cache)
+        return active(cache)
+
+    try:
+        watch_until(run.cluster.custom.list_namespaced_custom_object, active_seen, timeout,
+                    f"Kueue to report LocalQueue {run.namespace}/{LOCAL_QUEUE} (-> ClusterQueue {cluster_queue}) "
+                    "Active", describe=describe, group=group, version=version, namespace=run.namespace,
+                    plural="localqueues")
+    except WaitTimeout as exc:
+        if isinstance(exc, ApiUnreachable):
+            raise
+        return describe(seen)
+    return ""
 
 
 def container(run) -> dict:
