@@ -83,6 +83,7 @@ def fault_tables() -> dict[str, dict]:
     import test_driver_checks
     import test_fabric_checks
     import test_gang
+    import test_gang_kueue
     import test_kubelet_faults
     import test_monitoring
     import test_monitoring_prometheus
@@ -108,6 +109,8 @@ def fault_tables() -> dict[str, dict]:
         "tests/test_census_checks.py::test_census_check_fails_on_its_fault": test_census_checks.FAULTS,
         "tests/test_fabric_checks.py::test_fabric_check_fails_on_its_fault": test_fabric_checks.CASES,
         "tests/test_gang.py::test_gang_check_fails_on_its_fault": test_gang.FAULTS,
+        "tests/test_gang_kueue.py::test_kueue_holds_the_oversized_gang_and_stopped_lets_its_pods_bind":
+            test_gang_kueue.FAULTS,
         "tests/test_bench_checks.py::test_bench_check_fails_on_its_fault": test_bench_checks.RUNS,
         "tests/test_real_gpu_checks.py::test_real_gpu_check_fails_on_its_fault": test_real_gpu_checks.RUNS,
         "tests/test_real_shapes.py::test_each_fault_fails_its_check_by_name": test_real_shapes.FAULTS,
