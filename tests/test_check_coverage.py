@@ -88,6 +88,7 @@ def fault_tables() -> dict[str, dict]:
     import test_monitoring
     import test_monitoring_prometheus
     import test_monitoring_service_prometheus
+    import test_platform_kubelet
     import test_real_gpu_checks
     import test_real_shapes
     import test_suite_faults
@@ -123,6 +124,8 @@ def fault_tables() -> dict[str, dict]:
             test_monitoring_prometheus.FAULTS,
         "tests/test_monitoring_service_prometheus.py::test_the_suites_service_check_fails_on_its_fault":
             test_monitoring_service_prometheus.SUITE_FAULTS,
+        "tests/test_platform_kubelet.py::test_the_operators_pass_as_installed_and_fail_on_their_faults":
+            test_platform_kubelet.FAULTS,
     }
 
 

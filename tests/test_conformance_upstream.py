@@ -44,6 +44,11 @@ UPSTREAM = {
        for sub in ("MetricsEndpointReachable", "PerAcceleratorUtilizationMetric", "PerAcceleratorMemoryMetric")},
     "TestAIServiceMetrics": [
         "suites.test_monitoring.TestAIServiceMetrics::test_inference_server_metrics_reach_prometheus"],
+    **{f"TestGangScheduling/{sub}": [f"suites.test_gang.TestGangScheduling::test_{sub}"]
+       for sub in ("Positive", "Negative")},
+    **{f"TestRobustCRDControllerOperation/{sub}": [f"suites.test_operators.TestRobustCRDControllerOperation::test_{sub}"]
+       for sub in ("OperatorPodsRunning", "CRDRegistered", "WebhookOperational", "WebhookRejectsInvalidCR",
+                   "ControllerReconcilesCR")},
 }
 EXPORTER_TESTS = ("test_MetricsEndpointReachable", "test_PerAcceleratorUtilizationMetric",
                   "test_PerAcceleratorMemoryMetric", "test_exporter_names_the_node_on_its_series")
@@ -69,7 +74,8 @@ def junit_ids(module, file: str, node: str = NODE) -> dict:
 
 
 def test_every_upstream_anchor_names_its_suites_cases_as_pytest_writes_them():
-    ids = [i for f in ("access", "driver", "monitoring") for i in junit_ids(suite(f), f"test_{f}.py")]
+    ids = [i for f in ("access", "driver", "monitoring", "gang", "operators")
+           for i in junit_ids(suite(f), f"test_{f}.py")]
     anchors = {a for reqs in CHECKLISTS.values() for r in reqs for p in r.parts for a in p.junit
                if not a.startswith("suites.")}
     assert anchors == set(UPSTREAM)

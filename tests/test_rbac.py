@@ -50,7 +50,12 @@ UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs onl
                       ("services/proxy", "get"): "a Prometheus found in the cluster is read where an exporter runs",
                       **{(res, verb): "the gang suite's gangs: the mixed fleet has no gang scheduler" for res, verbs in (
                           ("jobs", "create delete get list watch"), ("workloads", "create delete"),
-                          ("localqueues", "create list watch"), ("clusterqueues", "list")) for verb in verbs.split()}}
+                          ("localqueues", "create list watch"), ("clusterqueues", "list")) for verb in verbs.split()},
+                      **{(res, verb): "the operators suite: the mixed fleet has no training operator (only the CRD "
+                                      "list finds none)" for res, verbs in (
+                          ("mutatingwebhookconfigurations", "list"), ("validatingwebhookconfigurations", "list"),
+                          ("services", "get"), ("trainjobs", "create list watch"), ("jobsets", "create list watch"))
+                         for verb in verbs.split()}}
 
 
 def _rule(resource: str, verbs: str) -> rbac.Rule:

@@ -3,8 +3,9 @@
 
 Which operators gpuproof knows, and the one thing it cannot read from a cluster (an object each one's webhook
 refuses), is data: ``operators.yaml`` beside this module. The rest comes from the cluster: an operator is
-installed where its CRD is; its CRDs are every CRD of that CRD's API group; its webhooks are the webhooks of the
-Mutating- and ValidatingWebhookConfigurations whose rules name that group; its pods are those the webhooks'
+installed where its CRD is; its CRDs are every CRD of that CRD's API group; its webhooks are those on that group of the
+Mutating- and ValidatingWebhookConfigurations about that group (most of their webhooks name it: Kueue's also name
+JobSet's and Trainer's groups, and are Kueue's); its pods are those the webhooks'
 Services select (the catalog's label selector where no webhook names a Service), so a controller in any namespace,
 installed by any chart, is found.
 
@@ -32,7 +33,7 @@ class Known:
     crd: str                          # the CRD that shows it is installed
     pods: str = ""                    # label selector of its pods where no webhook Service names them
     invalid: dict | None = None       # an object its webhook refuses (dry run)
-    reason: str = ""                  # words of that refusal
+    reason: tuple[str, ...] = ()      # words of that refusal, each of them
     runtime: str = ""                 # Kubeflow Trainer: the ClusterTrainingRuntime a TrainJob uses
     upstream: bool = False            # the operator upstream's conformance test names
 
@@ -44,7 +45,7 @@ class Known:
 @lru_cache(maxsize=1)
 def catalog() -> tuple[Known, ...]:
     fields = {f.name for f in dataclasses.fields(Known)}
-    return tuple(Known(**{k: v for k, v in raw.items() if k in fields})
+    return tuple(Known(**{k: tuple(v) if k == "reason" else v for k, v in raw.items() if k in fields})
                  for raw in yaml.safe_load(CATALOG_FILE.read_text()))
 
 
@@ -117,13 +118,33 @@ def _established(crd) -> tuple[bool, str]:
             "no Established condition" if cond is None else f"Established={cond.status}: {cond.message or ''}")
 
 
+def _own_group(groups: list[set[str]]) -> str:
+    """The API group a webhook configuration is about: the one most of its webhooks name, Kubernetes' own groups
+    left out ("", apps, batch, ``*.k8s.io`` but ``*.x-k8s.io``), or "" on a tie. Kueue's configuration names
+    JobSet's and Trainer's groups too (it queues their jobs), but most of its webhooks are on Kueue's own."""
+    counts: dict[str, int] = {}
+    for gs in groups:
+        for g in gs:
+            if "." in g and not (g.endswith(".k8s.io") and not g.endswith(".x-k8s.io")):
+                counts[g] = counts.get(g, 0) + 1
+    if not counts:
+        return ""
+    top = max(counts.values())
+    best = [g for g, n in counts.items() if n == top]
+    return best[0] if len(best) == 1 else ""
+
+
 def _webhooks(adm, group: str) -> list[Webhook]:
+    """The webhooks on ``group`` of the configurations that are about it (:func:`_own_group`)."""
     out = []
     for validating, lister in ((False, adm.list_mutating_webhook_configuration),
                                (True, adm.list_validating_webhook_configuration)):
         kind = "ValidatingWebhookConfiguration" if validating else "MutatingWebhookConfiguration"
         for cfg in lister().items:
-            for w in cfg.webhooks or []:
+            hooks = cfg.webhooks or []
+            if _own_group([{g for r in w.rules or [] for g in r.api_groups or []} for w in hooks]) != group:
+                continue
+            for w in hooks:
                 rules = [r for r in w.rules or [] if group in (r.api_groups or [])]
                 if not rules:
                     continue
@@ -196,4 +217,4 @@ def find(api: Any, core: Any) -> list[Operator]:
 def refusal_matches(known: Known, message: str) -> bool:
     """Whether an API error's message is the webhook's own refusal (upstream: "denied the request"; gpuproof also
     wants the operator's words, so a refusal by the CRD's schema or another webhook does not count)."""
-    return "denied the request" in message and (not known.reason or known.reason in message)
+    return "denied the request" in message and all(words in message for words in known.reason)

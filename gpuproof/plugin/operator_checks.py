@@ -129,9 +129,15 @@ def jobset(run, nodes: int) -> dict:
 DONE = {"TrainJob": ("Complete", "Failed"), "JobSet": ("Completed", "Failed")}
 
 
-def submit(cluster, run, body: dict) -> None:
+def submit(cluster, run, body: dict) -> str:
+    """Create the job; "" or the API's refusal (a webhook that cannot be reached, ...)."""
     group, _, version = body["apiVersion"].partition("/")
-    cluster.custom.create_namespaced_custom_object(group, version, run.namespace, body["kind"].lower() + "s", body)
+    try:
+        cluster.custom.create_namespaced_custom_object(group, version, run.namespace, body["kind"].lower() + "s",
+                                                       body)
+    except ApiException as exc:
+        return f"creating {body['kind']} {body['metadata']['name']} refused: {_message(exc)}"
+    return ""
 
 
 def wait_done(cluster, run, body: dict, timeout: float) -> tuple[bool, str]:

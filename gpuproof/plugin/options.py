@@ -63,7 +63,7 @@ def _window(value: float) -> None:
         raise GpuproofError(f"--gang-negative-window must be more than 0 seconds, got {value:g}")
 
 
-def _more_than_zero(option: str) -> Callable[[float], None]:
+def _positive_seconds(option: str) -> Callable[[float], None]:
     def check(value: float) -> None:
         if not value > 0:
             raise GpuproofError(f"--{option} must be more than 0 seconds, got {value:g}")
@@ -149,11 +149,11 @@ OPTIONS: tuple[Option, ...] = (
            metavar="SECONDS", type=float, default=30.0, check=_window, cli=RUN),
     Option("operator-ready-timeout", "seconds the operators suite waits for an operator's pods to be Ready "
                                      "(upstream's OperatorPodsRunning: 300)",
-           metavar="SECONDS", type=float, default=300.0, check=_more_than_zero("operator-ready-timeout"), cli=RUN),
+           metavar="SECONDS", type=float, default=300.0, check=_positive_seconds("operator-ready-timeout"), cli=RUN),
     Option("operator-job-timeout", "seconds the operators suite waits for its distributed job (a TrainJob, a "
                                    "JobSet) to complete (upstream's ControllerReconcilesCR: 180; default 600, for a "
                                    "real cluster's image pulls)",
-           metavar="SECONDS", type=float, default=600.0, check=_more_than_zero("operator-job-timeout"), cli=RUN),
+           metavar="SECONDS", type=float, default=600.0, check=_positive_seconds("operator-job-timeout"), cli=RUN),
 )
 BY_NAME = {o.name: o for o in OPTIONS}
 

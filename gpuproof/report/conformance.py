@@ -142,7 +142,6 @@ UNTESTED = {
                            "needs a node pool that scales",
     "pod_autoscaling": "gpuproof does not test the HorizontalPodAutoscaler",
     "workload_sandboxing": "gpuproof does not test sandboxed runtimes (gVisor, Kata)",
-    "robust_controller": "gpuproof does not install or test an AI operator",
 }
 # 1.37 has no DRA requirement (dra_support left the checklist: Kubernetes conformance covers it), so the `dra`
 # feature counts only where it shows a requirement of 1.37: sharing a GPU through DRA (gpu_sharing).
