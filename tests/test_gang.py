@@ -76,9 +76,19 @@ def test_each_gang_scheduler_is_found_by_the_api_it_serves_and_kueue_first():
                     "scheduling.run.ai/v2": {"queues"}, "scheduling.run.ai/v2alpha2": {"podgroups"}})
     assert [(f.name, f.version) for f in found] == [(g.KUEUE, "kueue.x-k8s.io/v1beta2"),
                                                      (g.VOLCANO, "scheduling.volcano.sh/v1beta1"),
+                                                     (g.KAI, "scheduling.run.ai/v2"),
                                                      (g.WORKLOAD_API, "scheduling.k8s.io/v1alpha1")]
-    # KAI's queues and podgroups in one version are what shows it
-    assert [f.name for f in g.find({"scheduling.run.ai/v2": {"queues", "podgroups"}})] == [g.KAI]
+    assert found[0].evidence == "kueue.x-k8s.io/v1beta1 serves clusterqueues, localqueues; " \
+                                "kueue.x-k8s.io/v1beta2 serves clusterqueues, localqueues"
+    # a Workload API at a version gpuproof does not write: found, and said so
+    [later] = g.find({"scheduling.k8s.io/v1beta1": {"workloads"}})
+    assert later.version == "scheduling.k8s.io/v1beta1" and not g.version_supported(later)
+    assert g.version_supported(found[0]) and g.version_supported(found[1])
+    # KAI serves its queues and its podgroups in two versions of its group; a group with one of them shows nothing
+    [kai] = g.find({"scheduling.run.ai/v2": {"queues"}, "scheduling.run.ai/v2alpha2": {"podgroups"}})
+    assert (kai.name, kai.version) == (g.KAI, "scheduling.run.ai/v2")
+    assert kai.evidence == "scheduling.run.ai/v2 serves queues; scheduling.run.ai/v2alpha2 serves podgroups"
+    assert g.find({"scheduling.run.ai/v2": {"queues"}}) == []
     assert g.find({"kueue.x-k8s.io/v1beta1": {"clusterqueues", "localqueues"}})[0].version == "kueue.x-k8s.io/v1beta1"
 
 

@@ -81,16 +81,20 @@ def served(cluster) -> dict[str, set[str]]:
 
 
 def find(served_apis: dict[str, set[str]]) -> list[Found]:
-    """The gang schedulers the served APIs show, in the order of :data:`NAMES`."""
+    """The gang schedulers the served APIs show, in the order of :data:`NAMES`: each one's resources served by its
+    group, in one version or across several (the KAI scheduler serves its queues at v2, its podgroups at v2alpha2).
+    Its version is the newest gpuproof writes that serves them all, else the first that does, else the first."""
     out = []
     for name in NAMES:
         group, resources, versions = SIGNS[name]
-        showing = [gv for gv, res in served_apis.items() if gv.split("/")[0] == group and set(resources) <= res]
-        if not showing:
+        gvs = {gv: set(res) & set(resources) for gv, res in sorted(served_apis.items()) if gv.split("/")[0] == group}
+        if not set(resources) <= set().union(*gvs.values()):
             continue
-        usable = [f"{group}/{v}" for v in versions if f"{group}/{v}" in showing] if versions else sorted(showing)
-        gv = usable[0] if usable else sorted(showing)[0]
-        out.append(Found(name, gv, f"{gv} serves {', '.join(resources)}"))
+        whole = [gv for gv, res in gvs.items() if res == set(resources)]
+        usable = [f"{group}/{v}" for v in versions if f"{group}/{v}" in whole]
+        gv = (usable or whole or [g for g, res in gvs.items() if res])[0]
+        out.append(Found(name, gv, "; ".join(f"{g} serves {', '.join(r for r in resources if r in res)}"
+                                             for g, res in gvs.items() if res)))
     return out
 
 
