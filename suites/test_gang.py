@@ -77,7 +77,8 @@ class TestGangScheduling:
                        what=f"a gang of {size} GPU pods under {gang.where()}", target="cluster", churn=churn)
             job = gc.watch_job_done(run, POSITIVE, gc.deadline(target) - (time.monotonic() - start))
             lost = sorted(k for k in gang.job_labels() if k not in _labels(run, POSITIVE))
-            actual = "Complete" if "Complete" in job.get("conditions", {}) else _job_text(job)
+            actual = "Complete" if "Complete" in job.get("conditions", {}) else \
+                f"{_job_text(job)}; pods: {gc.describe(gc.pods_of(run, POSITIVE)) or 'none'}"
             if actual == "Complete" and lost:
                 actual = f"Complete, but the Job lost its label {', '.join(lost)}"
             check.equal("gang-runs", "Complete", actual, what=f"the gang's Job {POSITIVE} within "

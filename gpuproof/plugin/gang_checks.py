@@ -254,7 +254,9 @@ def describe(pods: dict) -> str:
     out = []
     for name, p in sorted(pods.items()):
         if p.spec.node_name:
-            out.append(f"{name} on {p.spec.node_name} ({p.status.phase})")
+            waiting = sorted({c.state.waiting.reason for c in p.status.container_statuses or []
+                              if c.state and c.state.waiting and c.state.waiting.reason})
+            out.append(f"{name} on {p.spec.node_name} ({', '.join([p.status.phase, *waiting])})")
             continue
         why = next((c.message for c in p.status.conditions or [] if c.type == "PodScheduled" and c.message), "")
         out.append(f"{name}: {p.status.phase}" + (f", {' '.join(why.split())[:160]}" if why else ""))
@@ -315,6 +317,12 @@ def observe_held(run, name: str, window: float) -> dict[str, str]:
                 f"the {window:g} s in which no pod of gang {name} may be bound", tick=1.0,
                 namespace=run.namespace, label_selector=f"{GANG_LABEL}={name}")
     return ever
+
+
+def pods_of(run, name: str) -> dict:
+    """The gang's pods now, by name."""
+    found = run.cluster.core.list_namespaced_pod(run.namespace, label_selector=f"{GANG_LABEL}={name}").items
+    return {p.metadata.name: p for p in found}
 
 
 def read_job(run, name: str) -> dict:
