@@ -36,8 +36,8 @@ NAMES = [k.name for k in ops.catalog()]
 
 
 @pytest.fixture(scope="module")
-def installed(run):
-    return {o.name: o for o in oc.find(run.cluster)}
+def installed(target):
+    return {o.name: o for o in oc.find(target.cluster)}
 
 
 def _operator(installed, name: str, check, check_name: str) -> ops.Operator:
@@ -56,9 +56,9 @@ class TestRobustCRDControllerOperation:
     """Named after the upstream test, so its JUnit cases read TestRobustCRDControllerOperation/<subtest>."""
 
     @pytest.mark.conformance("robust_controller", checks=("operator-pods-ready",))
-    def test_OperatorPodsRunning(self, operator, installed, run, check, request):
+    def test_OperatorPodsRunning(self, operator, installed, target, check, request):
         op = _operator(installed, operator, check, "operator-pods-ready")
-        op = oc.wait_ready(run.cluster, op, request.config.getoption("operator_ready_timeout"))
+        op = oc.wait_ready(target.cluster, op, request.config.getoption("operator_ready_timeout"))
         not_ready = [str(p) for p in op.pods if not p.ready]
         check.true("operator-pods-ready", bool(op.pods) and not not_ready,
                    f"every pod of {', '.join(op.selectors) or 'its selectors'} Ready (at least one)",
@@ -86,7 +86,8 @@ class TestRobustCRDControllerOperation:
                    what=f"{op.known.title}'s webhooks", target=operator)
 
     @pytest.mark.conformance("robust_controller", checks=("operator-webhook-rejects-invalid",))
-    @pytest.mark.creates("TrainJob", "gpuproof-invalid", note="dry run: refused by the webhook, never stored")
+    @pytest.mark.creates("TrainJob", "gpuproof-invalid", note="a dry run: refused by the webhook, never stored")
+    @pytest.mark.creates("JobSet", "gpuproof-invalid", note="a dry run: refused by the webhook, never stored")
     def test_WebhookRejectsInvalidCR(self, operator, installed, run, check):
         op = _operator(installed, operator, check, "operator-webhook-rejects-invalid")
         if not op.known.invalid:

@@ -32,6 +32,10 @@ NO_MIXED_MIG = r"no node advertises MIG resources \(mixed strategy\)"
 NO_EXPORTER = r"no DCGM exporter in the cluster: .+ \(the embedded cluster runs no DCGM\)"
 NO_GANG = r"no gang scheduler in the cluster: .+"       # fleets without Kueue or Kubernetes' gang scheduling on
 GANG_SKIPS = {"gang-bound-together": NO_GANG, "gang-oversize-held": NO_GANG, "suites/test_gang.py": NO_GANG}
+NO_OPERATOR = r"no training operator installed: the cluster has none of the CRDs .+"    # fleets without `platform`
+OPERATOR_SKIPS = {**{c: NO_OPERATOR for c in ("operator-pods-ready", "operator-crds-established",
+                                              "operator-webhooks-have-ca", "operator-webhook-rejects-invalid",
+                                              "operator-job-completes")}, "suites/test_operators.py": NO_OPERATOR}
 NOT_GFD = (r"labelled by (gke|karpenter|instance-type), not GPU Feature Discovery: GFD's labels are not expected "
            r"\(product from .+, count from .+\)")
 NO_GFD_PEERS = (r"labelled by (gke|karpenter|instance-type): no node of pool \S+ carries GPU Feature Discovery's "
@@ -83,7 +87,7 @@ MIXED = Healthy(frozenset(_MIXED_PASS.split()), {
     "suites/test_health.py": REAL_GPUS, "suites/test_mig.py": REAL_GPUS, "suites/test_timeslicing.py": REAL_GPUS,
     "suites/test_topology.py": REAL_GPUS, "suites/test_stack.py": NO_KIND, "suites/test_plausibility.py": NO_KIND,
     "suites/test_census.py": REAL_GPUS, "suites/test_monitoring.py": either(REAL_GPUS, NO_EXPORTER),
-    "suites/test_driver.py": REAL_GPUS, "suites/test_access.py": REAL_GPUS, **GANG_SKIPS})
+    "suites/test_driver.py": REAL_GPUS, "suites/test_access.py": REAL_GPUS, **GANG_SKIPS, **OPERATOR_SKIPS})
 
 # other people's pods on the GPU nodes (tests/test_concurrency.py): capacity checks may skip, saying why
 MIXED_UNDER_CHURN = Healthy(MIXED.must_pass - PLACEMENT, {
@@ -115,7 +119,7 @@ MANAGED = Healthy(frozenset("""
     "suites/test_health.py": REAL_GPUS, "suites/test_plausibility.py": NO_KIND, "suites/test_timeslicing.py": REAL_GPUS,
     "suites/test_topology.py": either(REAL_GPUS, NO_KIND), "suites/test_census.py": REAL_GPUS,
     "suites/test_monitoring.py": either(REAL_GPUS, NO_EXPORTER), "suites/test_driver.py": either(REAL_GPUS, NO_KIND),
-    "suites/test_access.py": either(REAL_GPUS, NO_KIND), **GANG_SKIPS})
+    "suites/test_access.py": either(REAL_GPUS, NO_KIND), **GANG_SKIPS, **OPERATOR_SKIPS})
 
 DRA_CHECKS = frozenset("""
     dra-deviceclass dra-deviceclass-selector dra-device-count dra-attributes dra-unique dra-claim-allocated

@@ -179,7 +179,7 @@ def test_a_bundle_without_dra_serves_every_pool_but_those_offered_through_dra(no
     monkeypatch.setenv("GPUPROOF_CACHE", str(maker))
     small = tmp_path / "nodra.tar"                                 # uncompressed (--uncompressed): read as well
     manifest = bundle.make(small, dra=False, compress=False)
-    assert manifest["without"] == ["dra"]
+    assert manifest["without"] == ["dra", "platform"]
     assert manifest["size"] >= manifest["raw"], manifest          # a plain tar
     names = {f"{p['folder']}/{n}" for p in manifest["pieces"] for n in p["files"]}
     assert not [n for n in names if "cdi-hook" in n or n.endswith("/gpu-kubelet-plugin")], names

@@ -259,7 +259,7 @@ def test_junit_anchors(case, anchor, hit):
 
 def test_what_a_healthy_run_shows_is_implemented_with_anchors_and_the_log(healthy, tmp_path):
     out = tmp_path / "v1.37" / "acme"
-    ev = write_evidence(healthy, out, "1.37", prefix="v1.37/acme")
+    write_evidence(healthy, out, "1.37", prefix="v1.37/acme")
     doc = product(out)
     access = requirement(doc, "secure_accelerator_access")
     assert access["status"] == "Implemented"

@@ -34,6 +34,7 @@ NODE = "gpu-0"
 DRIVER_CLS = "suites.test_driver.TestAcceleratorDriverRuntimeManagement"
 METRICS_CLS = "suites.test_monitoring.TestAcceleratorPerformanceMetrics"
 ACCESS_CLS = "suites.test_access.TestSecureAcceleratorAccess"
+OPERATORS_CLS = "suites.test_operators.TestRobustCRDControllerOperation"
 # upstream anchor -> the suites' JUnit cases it names on node gpu-0, as pytest writes them
 UPSTREAM = {
     **{f"TestSecureAcceleratorAccess/{sub}": [f"{ACCESS_CLS}::test_{sub}[{NODE}]"]
@@ -46,7 +47,7 @@ UPSTREAM = {
         "suites.test_monitoring.TestAIServiceMetrics::test_inference_server_metrics_reach_prometheus"],
     **{f"TestGangScheduling/{sub}": [f"suites.test_gang.TestGangScheduling::test_{sub}"]
        for sub in ("Positive", "Negative")},
-    **{f"TestRobustCRDControllerOperation/{sub}": [f"suites.test_operators.TestRobustCRDControllerOperation::test_{sub}"]
+    **{f"TestRobustCRDControllerOperation/{sub}": [f"{OPERATORS_CLS}::test_{sub}"]
        for sub in ("OperatorPodsRunning", "CRDRegistered", "WebhookOperational", "WebhookRejectsInvalidCR",
                    "ControllerReconcilesCR")},
 }

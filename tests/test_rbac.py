@@ -48,7 +48,8 @@ UNUSED_ON_EMBEDDED = {("configmaps", "create"): "probe pods run on real GPUs onl
                       ("prometheuses", "list"): "ai_service_metrics runs with --prometheus on real GPUs only",
                       ("services", "list"): "a cluster's Prometheus is looked for where a DCGM exporter runs",
                       ("services/proxy", "get"): "a Prometheus found in the cluster is read where an exporter runs",
-                      **{(res, verb): "the gang suite's gangs: the mixed fleet has no gang scheduler" for res, verbs in (
+                      **{(res, verb): "the gang suite's gangs: the mixed fleet has no gang scheduler"
+                         for res, verbs in (
                           ("jobs", "create delete get list watch"), ("workloads", "create delete"),
                           ("localqueues", "create list watch"), ("clusterqueues", "list")) for verb in verbs.split()},
                       **{(res, verb): "the operators suite: the mixed fleet has no training operator (only the CRD "

@@ -13,8 +13,10 @@ CoreDNS addon manifest, kwok, the kubelet nodes' runtime (containerd 1.7 with it
 runc, the CNI plugins bridge, host-local, loopback and portmap), NVIDIA's nvidia-cdi-hook (DRA nodes), device
 plugin, GFD, DRA kubelet plugin, the mock NVML and its profiles, ``dprelay`` and ``nvml-mock-ctl``, and the pause
 image (which needs a static C compiler). The other images are made from these programs on first use, as after a
-build. The host still provides what kubelet nodes run beside them (:func:`gpuproof.sim.kubelet.missing` says
-what is missing in one line): root, cgroup v1, iptables, ip, nsenter and unshare.
+build. Never the platform's operators (Kueue, JobSet, Kubeflow Trainer: ``platform`` in the manifest's
+``without``), which fleets that name them build with Go. The host still provides what kubelet nodes run beside
+them (:func:`gpuproof.sim.kubelet.missing` says what is missing in one line): root, cgroup v1, iptables, ip,
+nsenter and unshare.
 
 The file is a tar compressed as one xz stream (x86 branch filter, LZMA2 preset 9e, a dictionary as large as the
 tar up to 512 MiB, so the programs' common bytes are stored once), readable with ``tar xJf``. A manifest
@@ -250,7 +252,9 @@ def make(out: Path, progress: Progress = _quiet, dra: bool = True, fast: bool = 
             entries.append((f"{p.rel()}/{name}", src))
         manifest_pieces.append({"what": p.what, "folder": p.rel(), "files": files, "links": p.links,
                                 "hardlinks": {n: t.relative_to(root).as_posix() for n, t in p.hardlinks.items()}})
-    manifest = {"format": FORMAT, "gpuproof": __version__, "without": [] if dra else ["dra"],
+    # never the platform's operators (gpuproof.sim.platform): about 180 MB of programs, over the bundle's limit, and
+    # built with Go only for the fleets that name them
+    manifest = {"format": FORMAT, "gpuproof": __version__, "without": [*([] if dra else ["dra"]), "platform"],
                 "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "pieces": manifest_pieces}
     raw = sum(src.stat().st_size for _, src in entries)
     how = ("(a plain tar, uncompressed)" if not compress else "(xz -1, x86 filter)" if fast
