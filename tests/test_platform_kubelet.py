@@ -20,7 +20,8 @@ from test_kubelet_pods import NEEDS
 from gpuproof.sim.fleet_file import FLEETS_DIR
 
 needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
-pytestmark = [pytest.mark.sim, pytest.mark.kubelet, needs_kubelet]
+# beside the kubelet group, in the bundle's lane (tests/conftest.py): the kubelet lane alone is most of .ci/run's time
+pytestmark = [pytest.mark.sim, pytest.mark.kubelet, needs_kubelet, pytest.mark.xdist_group("kubelet-bundle")]
 
 CONFLICT = "trainjobzs.trainer.kubeflow.org"       # a second CRD claiming kind TrainJob: its names are refused
 FAST = ["--operator-ready-timeout", "5", "--operator-job-timeout", "45"]
