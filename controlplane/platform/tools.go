@@ -7,6 +7,6 @@ package tools
 
 import (
 	_ "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
-	_ "sigs.k8s.io/kustomize/kustomize/v5"
 	_ "sigs.k8s.io/kueue/cmd/kueue"
+	_ "sigs.k8s.io/kustomize/kustomize/v5"
 )
