@@ -37,10 +37,13 @@ NAMES = [k.name for k in ops.catalog()]
 
 @pytest.fixture(scope="module")
 def installed(target):
-    return {o.name: o for o in oc.find(target.cluster)}
+    found = oc.find(target.cluster)
+    return found if isinstance(found, str) else {o.name: o for o in found}
 
 
 def _operator(installed, name: str, check, check_name: str) -> ops.Operator:
+    if isinstance(installed, str):
+        check.skip(check_name, installed)
     if not installed:
         check.skip(check_name, "no training operator installed: the cluster has none of the CRDs "
                                + ", ".join(k.crd for k in ops.catalog()))
@@ -94,6 +97,9 @@ class TestRobustCRDControllerOperation:
             check.skip("operator-webhook-rejects-invalid", f"gpuproof knows no object {op.known.title}'s webhook "
                                                            "refuses")
         refused, said = oc.try_invalid(run.cluster, run, op.known)
+        if refused is None:
+            check.skip("operator-webhook-rejects-invalid", f"not judged: a webhook on {op.known.group} does not take "
+                                                           f"dry runs, and gpuproof stores no invalid object: {said}")
         check.true("operator-webhook-rejects-invalid", refused,
                    f"refused by {op.known.title}'s webhook: " + ", ".join(
                        f'"{w}"' for w in ("denied the request", *op.known.reason)), said,

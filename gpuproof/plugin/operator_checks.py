@@ -26,8 +26,14 @@ MANAGER = "gpuproof.dev/operators"    # a TrainJob's runtimePatches' manager
 ALLREDUCE_ARGS = ["--sizes", "64K", "--iters", "2", "--warmup", "1", "--no-per-node"]
 
 
-def find(cluster) -> list[ops.Operator]:
-    return ops.find(cluster.api, cluster.core)
+def find(cluster) -> list[ops.Operator] | str:
+    """The operators the cluster has, or why they cannot be read (the credentials may not list CRDs or webhooks)."""
+    try:
+        return ops.find(cluster.api, cluster.core)
+    except ApiException as exc:
+        if exc.status in (401, 403):
+            return f"cannot read the cluster's CRDs, webhooks or Services: {exc.status} {_message(exc)}"
+        raise
 
 
 def wait_ready(cluster, op: ops.Operator, timeout: float) -> ops.Operator:
@@ -48,12 +54,17 @@ def wait_ready(cluster, op: ops.Operator, timeout: float) -> ops.Operator:
                         f"{op.known.title}'s pods ({where}) to be Ready", namespace=ns, label_selector=selector)
         except WaitTimeout:
             break
-    return next((o for o in find(cluster) if o.name == op.name), op)
+    again = find(cluster)
+    return next((o for o in again if o.name == op.name), op) if isinstance(again, list) else op
 
 
-def try_invalid(cluster, run, known: ops.Known) -> tuple[bool, str]:
+NO_DRY_RUN = "does not support dry run"      # the API server's words for a webhook with side effects
+
+
+def try_invalid(cluster, run, known: ops.Known) -> tuple[bool | None, str]:
     """Create the catalog's invalid object in the run namespace as a dry run; (refused by the webhook, what the API
-    said). Nothing is stored either way."""
+    said), None where a webhook on it does not take dry runs (its ``sideEffects`` say it has some): no verdict.
+    Nothing is stored either way."""
     body = dict(known.invalid or {})
     group, _, version = body["apiVersion"].partition("/")
     body["metadata"] = {"name": "gpuproof-invalid", "namespace": run.namespace, "labels": dict(run.labels)}
@@ -62,6 +73,8 @@ def try_invalid(cluster, run, known: ops.Known) -> tuple[bool, str]:
         cluster.custom.create_namespaced_custom_object(group, version, run.namespace, plural, body, dry_run="All")
     except ApiException as exc:
         message = _message(exc)
+        if NO_DRY_RUN in message:
+            return None, message
         return ops.refusal_matches(known, message), message
     return False, "accepted: no webhook refused it (dry run, nothing stored)"
 
