@@ -27,13 +27,15 @@ POD = r"gang-(?:pos|neg)-[a-z0-9]{5}"
 
 
 def gang_fleet() -> dict:
-    """Two A100 nodes of 2 GPUs each (4 free GPUs: the negative gang is 5 pods) and a CPU node, with Kubernetes'
-    gang scheduling on."""
-    return {"name": "gang", "controlPlane": {"featureGates": dict(GATES)},
-            "defaults": {"taints": ["nvidia.com/gpu=present:NoSchedule"]},
-            "pools": [{"name": "a100", "count": 2, "instanceType": "p4d.24xlarge",
-                       "gpu": {"product": "NVIDIA-A100-SXM4-40GB", "count": 2}},
-                      {"name": "cpu", "count": 1, "taints": []}]}
+    """The shipped fleet ``gang``: two A100 nodes of 2 GPUs each (4 free GPUs: the negative gang is 5 pods) and a CPU
+    node, with Kubernetes' gang scheduling on."""
+    import yaml
+
+    from gpuproof.sim.fleet_file import FLEETS_DIR
+
+    fleet = yaml.safe_load((FLEETS_DIR / "gang.yaml").read_text())
+    assert fleet["controlPlane"]["featureGates"] == GATES
+    return fleet
 
 
 def with_fault(control_plane: dict | None = None, pool_fault: dict | None = None) -> dict:

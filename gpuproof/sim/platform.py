@@ -269,7 +269,9 @@ def _wait_crds(client, names: list[str], timeout: float) -> None:
 
 
 def _wait_serving(client, name: str, namespace: str, docs: list[dict], timeout: float) -> None:
-    """The operator's Deployment Available, then its webhook configurations' and APIServices' CA set."""
+    """The operator's Deployment Available, then its webhook configurations holding its CA (its own cert management
+    puts it there), then its APIServices Available (Kueue's visibility API: until then every client's discovery of
+    the API server's groups is incomplete)."""
     from ..cluster.api import watch_until
 
     deployments = [d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"]
@@ -288,26 +290,37 @@ def _wait_serving(client, name: str, namespace: str, docs: list[dict], timeout: 
     watch_until(client.apps.list_namespaced_deployment, available, timeout,
                 f"{name}'s controller manager ({', '.join(deployments)}) to be Available", describe=describe,
                 namespace=namespace)
-    hooks = [(d["kind"], d["metadata"]["name"]) for d in docs
-             if d["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")]
-    deadline = time.monotonic() + timeout
     from kubernetes import client as k8s
 
     adm = k8s.AdmissionregistrationV1Api(client.api)
-    delay = 0.2
-    while True:
-        missing = []
-        for kind, hook in hooks:
-            obj = (adm.read_mutating_webhook_configuration if kind.startswith("Mutating")
-                   else adm.read_validating_webhook_configuration)(hook)
-            missing += [f"{kind} {hook}: {w.name}" for w in obj.webhooks or [] if not w.client_config.ca_bundle]
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            raise ControlPlaneError(f"platform: timed out after {timeout:.0f}s waiting for {name} to put its CA into "
-                                    f"its webhooks ({'; '.join(missing[:3])})")
-        time.sleep(delay)       # a CA's arrival has no event of its own worth a watch per configuration
-        delay = min(delay * 1.5, 2.0)
+    for kind, lister in (("MutatingWebhookConfiguration", adm.list_mutating_webhook_configuration),
+                         ("ValidatingWebhookConfiguration", adm.list_validating_webhook_configuration)):
+        names = {d["metadata"]["name"] for d in docs if d["kind"] == kind}
+        if not names:
+            continue
+
+        def with_ca(cache, names=names) -> bool:
+            return all(n in cache and all(w.client_config.ca_bundle for w in cache[n].webhooks or []) for n in names)
+
+        def without(cache, names=names, kind=kind) -> str:
+            return "; ".join(f"{kind} {n}: {w.name} has no CA" for n in sorted(names) if n in cache
+                             for w in cache[n].webhooks or [] if not w.client_config.ca_bundle) or "not there"
+
+        watch_until(lister, with_ca, timeout, f"{name} to put its CA into its {kind}s ({', '.join(sorted(names))})",
+                    describe=without)
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "APIService"}
+    if services:
+        def available(cache) -> bool:
+            return all(n in cache and any(c.type == "Available" and c.status == "True"
+                                          for c in cache[n].status.conditions or []) for n in services)
+
+        def why(cache) -> str:
+            return "; ".join(f"{n}: " + (", ".join(f"{c.type}={c.status} ({c.message})"
+                                                   for c in cache[n].status.conditions or [])
+                                         if n in cache else "not there") for n in sorted(services))
+
+        watch_until(k8s.ApiregistrationV1Api(client.api).list_api_service, available, timeout,
+                    f"{name}'s APIServices ({', '.join(sorted(services))}) to be Available", describe=why)
 
 
 def unload(client, sim_dir: Path) -> None:
