@@ -19,8 +19,6 @@ from test_kubelet_pods import NEEDS
 
 WINDOW = 3
 POD = r"gang-neg-[a-z0-9]{5}"
-# beside the kubelet group, in the bundle's lane (tests/conftest.py), as tests/test_platform_kubelet.py
-pytestmark = pytest.mark.xdist_group("kubelet-bundle")
 KUEUE_FLEET = {
     "name": "gang-kueue", "platform": ["kueue"],
     "defaults": {"gpu": {"driverVersion": "550.163.01", "cudaVersion": "12.4"},

@@ -20,11 +20,10 @@ from test_kubelet_pods import NEEDS
 from gpuproof.sim.fleet_file import FLEETS_DIR
 
 needs_kubelet = pytest.mark.skipif(bool(NEEDS), reason=NEEDS or "")
-# beside the kubelet group, in the bundle's lane (tests/conftest.py): the kubelet lane alone is most of .ci/run's time
-pytestmark = [pytest.mark.sim, pytest.mark.kubelet, needs_kubelet, pytest.mark.xdist_group("kubelet-bundle")]
+pytestmark = [pytest.mark.sim, pytest.mark.kubelet, needs_kubelet]
 
 CONFLICT = "trainjobzs.trainer.kubeflow.org"       # a second CRD claiming kind TrainJob: its names are refused
-FAST = ["--operator-ready-timeout", "5", "--operator-job-timeout", "45"]
+FAST = ["--operator-ready-timeout", "3", "--operator-job-timeout", "30"]
 # case: (what is done to the cluster, [(check, operator, expected, words of the actual)]): tests/test_check_coverage.py
 FAULTS = {
     "jobset-controller-stopped": ("jobset's Deployment scaled to 0", [
@@ -32,7 +31,7 @@ FAULTS = {
         ("operator-webhook-rejects-invalid", "jobset", "refused by JobSet's webhook", "failed calling webhook"),
         ("operator-job-completes", "jobset", "JobSet op-jobset complete", "failed calling webhook"),
         # Trainer's controller cannot make the TrainJob's JobSet: the TrainJob never completes
-        ("operator-job-completes", "kubeflow-trainer", "TrainJob op-trainjob complete", "timed out after 45s"),
+        ("operator-job-completes", "kubeflow-trainer", "TrainJob op-trainjob complete", "timed out after 30s"),
     ]),
     "trainer-down-without-ca-and-a-clashing-crd": ("Trainer's Deployment scaled to 0, its webhooks' caBundle "
                                                    f"emptied, CRD {CONFLICT} claiming kind TrainJob", [
