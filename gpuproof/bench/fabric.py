@@ -123,8 +123,7 @@ def fabric_pods(name: str, nodes: list[str], args: list[str], pp: PodPlan, *, la
         "metadata": {"name": name, "namespace": namespace, "labels": {**own, **labels}},
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {wl.WORKLOAD_LABEL: name},
                  "ports": [{"name": "rendezvous", "port": port, "targetPort": port}]}}]
-    wait_dns = (f'i=0; until getent hosts {master} >/dev/null; do i=$((i+1)); if [ $i -gt 600 ]; then '
-                f'echo "no DNS for {master} after 600s" >&2; exit 1; fi; sleep 1; done; ')
+    wait_dns = wl.wait_for_name(master)
     for i, node in enumerate(nodes):
         torchrun = " ".join(["exec torchrun", f"--nnodes={len(nodes)}", f"--nproc-per-node={nproc}",
                              f"--node-rank={i}", f"--master-addr={master}", f"--master-port={port}",

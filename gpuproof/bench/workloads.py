@@ -281,6 +281,13 @@ def loadgen_pod(name: str, url: str, args: Iterable[str] = (), *, labels: dict, 
                         _pod_spec(container, vols, 0, None, None, deadline_s=deadline_s))
 
 
+def wait_for_name(host: str, seconds: int = 600) -> str:
+    """Shell that waits (a second at a time, up to ``seconds``) until ``host`` resolves: rank 0's name in the cluster
+    DNS, which a headless Service publishes once the pod exists; torchrun's rendezvous needs it at its start."""
+    return (f'i=0; until getent hosts {host} >/dev/null; do i=$((i+1)); if [ $i -gt {seconds} ]; then '
+            f'echo "no DNS for {host} after {seconds}s" >&2; exit 1; fi; sleep 1; done; ')
+
+
 def _shell_quote(s: str) -> str:
     import shlex
 

@@ -773,12 +773,19 @@ def _root_cause(exc: BaseException) -> str:
     return str(seen)
 
 
-def _api_error(exc: ApiException, doing: str) -> ClusterError:
-    body = exc.body
-    with contextlib.suppress(Exception):
-        import json
+def api_message(exc: ApiException) -> str:
+    """What the API server said in a refusal: its Status's message, else the body as it came, else the status."""
+    import json
 
-        body = json.loads(exc.body).get("message", exc.body)
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = json.loads(exc.body).get("message")
+        if message:
+            return message
+    return exc.body or f"{exc.status} {exc.reason}"
+
+
+def _api_error(exc: ApiException, doing: str) -> ClusterError:
+    body = api_message(exc)
     if exc.status == 403:
         return ClusterError(f"not allowed to {doing}: {body}. The kubeconfig's user needs that permission.")
     return ClusterError(f"could not {doing}: HTTP {exc.status}: {body}")

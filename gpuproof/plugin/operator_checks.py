@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from ..bench import workloads as wl
-from ..cluster.api import WaitTimeout, watch_until
+from ..cluster.api import WaitTimeout, api_message, watch_until
 from ..discovery import operators as ops
 from . import bench_checks
 
@@ -32,7 +32,7 @@ def find(cluster) -> list[ops.Operator] | str:
         return ops.find(cluster.api, cluster.core)
     except ApiException as exc:
         if exc.status in (401, 403):
-            return f"cannot read the cluster's CRDs, webhooks or Services: {exc.status} {_message(exc)}"
+            return f"cannot read the cluster's CRDs, webhooks or Services: {exc.status} {api_message(exc)}"
         raise
 
 
@@ -72,20 +72,11 @@ def try_invalid(cluster, run, known: ops.Known) -> tuple[bool | None, str]:
     try:
         cluster.custom.create_namespaced_custom_object(group, version, run.namespace, plural, body, dry_run="All")
     except ApiException as exc:
-        message = _message(exc)
+        message = api_message(exc)
         if NO_DRY_RUN in message:
             return None, message
         return ops.refusal_matches(known, message), message
     return False, "accepted: no webhook refused it (dry run, nothing stored)"
-
-
-def _message(exc: ApiException) -> str:
-    import json
-
-    try:
-        return json.loads(exc.body).get("message") or str(exc.reason)
-    except (TypeError, ValueError):
-        return f"{exc.status} {exc.reason}"
 
 
 # ---------------------------------------------------------------------------- the distributed job
@@ -125,8 +116,7 @@ def jobset(run, nodes: int) -> dict:
     torchrun = " ".join(["exec", *_command(run)[:1], f"--nnodes={nodes}", "--nproc-per-node=1",
                          '--node-rank="$JOB_COMPLETION_INDEX"', f"--master-addr={master}",
                          f"--master-port={wl.RDZV_PORT}", *_command(run)[1:]])
-    wait_dns = (f"i=0; until getent hosts {master} >/dev/null; do i=$((i+1)); [ $i -gt 600 ] && "
-                f"{{ echo 'no DNS for {master}' >&2; exit 1; }}; sleep 1; done; ")
+    wait_dns = wl.wait_for_name(master)
     pod = wl.workload_pod(name, "allreduce", labels=dict(run.labels), namespace=run.namespace, image=image, gpus=1,
                           env={"GLOO_SOCKET_IFNAME": "eth0"})
     spec = pod["spec"]
@@ -149,7 +139,7 @@ def submit(cluster, run, body: dict) -> str:
         cluster.custom.create_namespaced_custom_object(group, version, run.namespace, body["kind"].lower() + "s",
                                                        body)
     except ApiException as exc:
-        return f"creating {body['kind']} {body['metadata']['name']} refused: {_message(exc)}"
+        return f"creating {body['kind']} {body['metadata']['name']} refused: {api_message(exc)}"
     return ""
 
 
